@@ -1,0 +1,259 @@
+#include "Fallback.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "../core/AxonGenerator.h"
+#include "../core/AxonRuntime.h"
+#include "HostView.h"
+
+namespace at::axon {
+namespace {
+
+// ------------------------------------------------------------ statistics
+
+struct OpCount {
+  std::string name;
+  int64_t count = 0;
+  bool warned = false;
+};
+
+std::mutex stats_mutex;
+// Keyed by the op's schema, whose address is stable for the process.
+std::unordered_map<const c10::FunctionSchema*, OpCount> stats;
+
+bool warn_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("AXON_FALLBACK_WARN");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return enabled;
+}
+
+std::string op_name(const c10::FunctionSchema& schema) {
+  const auto& name = schema.operator_name();
+  return name.overload_name.empty() ? name.name
+                                    : name.name + "." + name.overload_name;
+}
+
+void count(const c10::FunctionSchema& schema) {
+  bool warn = false;
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    OpCount& c = stats[&schema];
+    if (c.name.empty()) c.name = op_name(schema);
+    c.count++;
+    if (!c.warned && warn_enabled()) c.warned = warn = true;
+  }
+  if (warn) {
+    TORCH_WARN("axon: ", op_name(schema),
+               " has no axon kernel; it runs on the CPU (fallback)");
+  }
+}
+
+// ------------------------------------------------------------ the fallback
+
+// Ops whose CUDA kernels accept CPU index tensors beside device tensors.
+bool accepts_cpu_indices(const c10::FunctionSchema& schema) {
+  const std::string& n = schema.operator_name().name;
+  return n == "aten::index" || n == "aten::index_put_" ||
+         n == "aten::_index_put_impl_" || n == "aten::index_put" ||
+         n == "aten::_unsafe_index" || n == "aten::_unsafe_index_put";
+}
+
+class Fallback {
+ public:
+  Fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
+      : schema_(op.schema()), stack_(stack) {}
+
+  void run(const c10::OperatorHandle& op) {
+    const size_t num_args = schema_.arguments().size();
+    const size_t begin = stack_->size() - num_args;
+    for (size_t i = 0; i < num_args; ++i) find_device((*stack_)[begin + i]);
+    TORCH_CHECK(device_ >= 0, "axon fallback: ", op_name(schema_),
+                " received no axon tensor or device");
+    c10::DeviceGuard guard(c10::Device(kAxon, device_));
+    syncCurrentStream(device_);
+    for (size_t i = 0; i < num_args; ++i) {
+      to_host((*stack_)[begin + i], schema_.arguments()[i]);
+    }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack_);
+    sync_mutated();
+    const size_t num_rets = schema_.returns().size();
+    const size_t rbegin = stack_->size() - num_rets;
+    for (size_t i = 0; i < num_rets; ++i) to_device((*stack_)[rbegin + i]);
+  }
+
+ private:
+  void note_device(const at::Tensor& t, bool index_arg) {
+    if (!t.defined()) return;
+    if (t.device().type() == kAxon) {
+      if (device_ < 0) {
+        device_ = t.device().index();
+      } else if (t.device().index() != device_) {
+        mixed_devices(c10::Device(kAxon, device_), t.device());
+      }
+      return;
+    }
+    // CPU scalars (0-dim) mix with device tensors in PyTorch, as do CPU
+    // index tensors for indexing ops.
+    if (t.is_cpu() && (t.dim() == 0 || index_arg)) return;
+    foreign_ = t.device();
+  }
+
+  [[noreturn]] void mixed_devices(c10::Device a, c10::Device b) {
+    TORCH_CHECK(false,
+                "Expected all tensors to be on the same device, but found at "
+                "least two devices, ", a, " and ", b, "! (when checking "
+                "arguments for ", op_name(schema_), ")");
+  }
+
+  void find_device(const c10::IValue& v) {
+    const bool index_ok = accepts_cpu_indices(schema_);
+    if (v.isTensor()) {
+      note_device(v.toTensor(), false);
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) note_device(t, index_ok);
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor()) note_device(e.toTensor(), index_ok);
+      }
+    } else if (v.isDevice() && v.toDevice().type() == kAxon && device_ < 0) {
+      device_ = resolve_index(v.toDevice());
+      check_device(device_);
+    }
+    if (foreign_.has_value() && device_ >= 0) {
+      mixed_devices(c10::Device(kAxon, device_), *foreign_);
+    }
+  }
+
+  at::Tensor host(const at::Tensor& t, bool mutated) {
+    if (!t.defined() || t.device().type() != kAxon) return t;
+    at::Tensor h = hostView(t, /*resizable=*/mutated);
+    originals_.emplace(h.unsafeGetTensorImpl(), t);
+    if (t.storage().data() != nullptr) bases_.emplace(t.storage().data(), t);
+    if (mutated) mutated_.emplace_back(h, t);
+    return h;
+  }
+
+  void to_host(c10::IValue& v, const c10::Argument& arg) {
+    const bool mutated = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
+    if (v.isTensor()) {
+      v = host(v.toTensor(), mutated);
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t i = 0; i < list.size(); ++i) list[i] = host(list[i], mutated);
+    } else if (v.isList()) {
+      auto list = v.toList();
+      for (size_t i = 0; i < list.size(); ++i) {
+        c10::IValue e = list.get(i);
+        if (e.isTensor()) list.set(i, host(e.toTensor(), mutated));
+      }
+    } else if (v.isDevice() && v.toDevice().type() == kAxon) {
+      v = c10::Device(c10::kCPU);
+    } else if (arg.type()->kind() == c10::TypeKind::OptionalType &&
+               arg.type()->cast<c10::OptionalType>()->getElementType()->kind() ==
+                   c10::TypeKind::GeneratorType) {
+      std::optional<at::Generator> gen;
+      if (v.isGenerator()) gen = v.toGenerator();
+      if (!gen.has_value() || gen->device().type() == kAxon) {
+        v = cpuGeneratorFor(gen, device_);
+      }
+    } else if (v.isGenerator() && v.toGenerator().device().type() == kAxon) {
+      v = cpuGeneratorFor(v.toGenerator(), device_);
+    }
+  }
+
+  // A kernel may resize an out= tensor, or restride an in-place one: carry
+  // that back to the axon tensor.
+  void sync_mutated() {
+    for (auto& [h, t] : mutated_) {
+      c10::TensorImpl* timpl = t.unsafeGetTensorImpl();
+      if (h.storage().data() == t.storage().data() &&
+          h.storage().nbytes() == t.storage().nbytes()) {
+        if (h.sizes() != t.sizes() || h.strides() != t.strides() ||
+            h.storage_offset() != t.storage_offset()) {
+          timpl->set_sizes_and_strides(h.sizes(), h.strides(), h.storage_offset());
+        }
+        continue;
+      }
+      // Reallocated on the CPU: give t a storage of that size and copy.
+      at::Tensor fresh = copyToDevice(h, device_);
+      timpl->set_storage_keep_dtype(fresh.storage());
+      timpl->set_sizes_and_strides(fresh.sizes(), fresh.strides(),
+                                   fresh.storage_offset());
+    }
+  }
+
+  at::Tensor device_tensor(const at::Tensor& r) {
+    if (!r.defined() || !r.is_cpu()) return r;
+    auto it = originals_.find(r.unsafeGetTensorImpl());
+    if (it != originals_.end()) return it->second;  // in-place / out= result
+    auto base = r.storage().data() != nullptr ? bases_.find(r.storage().data())
+                                              : bases_.end();
+    if (base != bases_.end()) {  // a view of an input
+      auto impl = c10::make_intrusive<c10::TensorImpl>(
+          c10::TensorImpl::VIEW, c10::Storage(base->second.storage()),
+          base->second.key_set(), r.dtype());
+      impl->set_sizes_and_strides(r.sizes(), r.strides(), r.storage_offset());
+      return at::Tensor(std::move(impl));
+    }
+    return copyToDevice(r, device_);
+  }
+
+  void to_device(c10::IValue& v) {
+    if (v.isTensor()) {
+      v = device_tensor(v.toTensor());
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t i = 0; i < list.size(); ++i) list[i] = device_tensor(list[i]);
+    } else if (v.isList()) {
+      auto list = v.toList();
+      for (size_t i = 0; i < list.size(); ++i) {
+        c10::IValue e = list.get(i);
+        if (e.isTensor()) list.set(i, device_tensor(e.toTensor()));
+      }
+    }
+  }
+
+  const c10::FunctionSchema& schema_;
+  torch::jit::Stack* stack_;
+  c10::DeviceIndex device_ = -1;
+  std::optional<c10::Device> foreign_;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> originals_;
+  std::unordered_map<const void*, at::Tensor> bases_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> mutated_;
+};
+
+void axon_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  count(op.schema());
+  Fallback(op, stack).run(op);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&axon_fallback>());
+}
+
+}  // namespace
+
+std::map<std::string, int64_t> fallbackStats() {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  std::map<std::string, int64_t> out;
+  for (const auto& [schema, c] : stats) {
+    if (c.count > 0) out[c.name] += c.count;
+  }
+  return out;
+}
+
+void resetFallbackStats() {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  for (auto& [schema, c] : stats) c.count = 0;
+}
+
+}  // namespace at::axon

@@ -1,0 +1,261 @@
+// Tier 1: the structural ops every backend must provide itself: allocation,
+// views, resizing, copies across devices, reading a scalar.
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "../core/AxonRuntime.h"
+#include "../core/AxonStorage.h"
+#include "../core/AxonStream.h"
+#include "../core/CachingAllocator.h"
+#include "HostView.h"
+
+namespace at::axon {
+
+// ------------------------------------------------------------ host views
+
+at::Tensor hostView(const at::Tensor& t, bool resizable) {
+  const c10::Storage& storage = t.storage();
+  c10::Storage cpu_storage(
+      c10::Storage::use_byte_size_t(), storage.nbytes(),
+      c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)),
+      resizable ? c10::GetCPUAllocator() : nullptr, resizable);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+void syncCurrentStream(c10::DeviceIndex device) {
+  rt::Stream s = current_rt_stream(device);
+  rt_call([&] { rt::stream_synchronize(s); });
+}
+
+at::Tensor copyToDevice(const at::Tensor& src, c10::DeviceIndex device) {
+  c10::DeviceGuard guard(c10::Device(kAxon, device));
+  bool dense = src.is_non_overlapping_and_dense();
+  at::Tensor dst = at::detail::empty_strided_generic(
+      src.sizes(), dense ? src.strides() : c10::contiguous_strides(src.sizes()),
+      getCachingAllocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      src.scalar_type());
+  if (src.numel() == 0) return dst;
+  if (dense) {
+    rt::Stream s = current_rt_stream(device);
+    rt_call([&] { rt::memcpy(dst.data_ptr(), src.data_ptr(), src.nbytes(), s); });
+  } else {
+    syncCurrentStream(device);
+    hostView(dst).copy_(src);
+  }
+  return dst;
+}
+
+void resizeStorageBytes(c10::StorageImpl* storage, size_t new_bytes) {
+  TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
+  c10::DeviceIndex device = storage->device().index();
+  c10::DeviceGuard guard(storage->device());
+  c10::DataPtr fresh = getCachingAllocator()->allocate(new_bytes);
+  size_t n = std::min(storage->nbytes(), new_bytes);
+  if (n > 0) {
+    rt::Stream s = current_rt_stream(device);
+    rt_call([&] { rt::memcpy(fresh.get(), storage->data(), n, s); });
+  }
+  storage->set_data_ptr_noswap(std::move(fresh));
+  storage->set_nbytes(new_bytes);
+}
+
+namespace {
+
+constexpr c10::DispatchKeySet kAxonKeys{c10::DispatchKey::PrivateUse1};
+
+c10::DeviceIndex target_index(std::optional<c10::Device> device) {
+  c10::DeviceIndex index = device.has_value() ? resolve_index(*device)
+                                              : current_device();
+  check_device(index);
+  return index;
+}
+
+// ------------------------------------------------------------ allocation
+
+at::Tensor empty_memory_format(c10::IntArrayRef size,
+                               std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout,
+                               std::optional<c10::Device> device,
+                               std::optional<bool> /*pin_memory*/,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  TORCH_CHECK(!layout.has_value() || *layout == c10::kStrided,
+              "axon supports only strided tensors, got layout ", *layout);
+  c10::DeviceGuard guard(c10::Device(kAxon, target_index(device)));
+  return at::detail::empty_generic(size, getCachingAllocator(), kAxonKeys,
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device,
+                         std::optional<bool> /*pin_memory*/) {
+  TORCH_CHECK(!layout.has_value() || *layout == c10::kStrided,
+              "axon supports only strided tensors, got layout ", *layout);
+  c10::DeviceGuard guard(c10::Device(kAxon, target_index(device)));
+  return at::detail::empty_strided_generic(size, stride, getCachingAllocator(),
+                                           kAxonKeys, c10::dtype_or_default(dtype));
+}
+
+// ------------------------------------------------------------ views
+
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size,
+                      c10::IntArrayRef stride, std::optional<int64_t> offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, offset);
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) {
+  return at::native::view(self, size);
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size,
+                         c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+// ------------------------------------------------------------ resizing
+
+// Gives `self` the geometry (sizes, strides, offset), growing its storage
+// when that geometry reaches past it.
+void set_geometry(const at::Tensor& self, c10::IntArrayRef size,
+                  c10::IntArrayRef stride, int64_t offset) {
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(size, stride, offset);
+  size_t needed = at::detail::computeStorageNbytes(size, stride,
+                                                   self.dtype().itemsize(), offset);
+  if (needed > self.storage().nbytes()) {
+    resizeStorageBytes(self.storage().unsafeGetStorageImpl(), needed);
+  }
+}
+
+std::vector<int64_t> strides_for(c10::IntArrayRef size, c10::MemoryFormat format) {
+  switch (format) {
+    case c10::MemoryFormat::ChannelsLast:
+      return c10::get_channels_last_strides_2d(size);
+    case c10::MemoryFormat::ChannelsLast3d:
+      return c10::get_channels_last_strides_3d(size);
+    default: {
+      auto s = c10::contiguous_strides(size);
+      return {s.begin(), s.end()};
+    }
+  }
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  std::vector<int64_t> strides =
+      strides_for(size, memory_format.value_or(c10::MemoryFormat::Contiguous));
+  if (self.sizes() == size && (!memory_format.has_value() || self.strides() == strides)) {
+    return self;
+  }
+  set_geometry(self, size, strides, self.storage_offset());
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset,
+                        c10::IntArrayRef size, c10::IntArrayRef stride) {
+  at::native::checkSetStorage(self, source, offset, size, stride);
+  std::vector<int64_t> strides = stride.data() != nullptr
+                                     ? stride.vec()
+                                     : strides_for(size, c10::MemoryFormat::Contiguous);
+  set_geometry(self, size, strides, offset);
+  return self;
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
+  int64_t n = static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  return set_storage(self, std::move(source), 0, {n}, {});
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.unsafeGetTensorImpl() == source.unsafeGetTensorImpl()) return self;
+  return set_storage(self, source.storage(), source.storage_offset(),
+                     source.sizes(), source.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, getCachingAllocator(),
+                     /*resizable=*/true);
+  return set_storage(self, std::move(empty), 0, {0}, {});
+}
+
+// ------------------------------------------------------------ copies
+
+bool same_dense_layout(const at::Tensor& a, const at::Tensor& b) {
+  return a.dtype() == b.dtype() && a.strides() == b.strides() &&
+         a.is_non_overlapping_and_dense() && b.is_non_overlapping_and_dense();
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  // self is the source.  copy_ only redispatches here when a device is axon.
+  if (dst.numel() == 0) return dst;
+  at::Tensor src = self.sizes() == dst.sizes() ? self : self.expand(dst.sizes());
+  const bool src_axon = src.device().type() == kAxon;
+  const bool dst_axon = dst.device().type() == kAxon;
+  TORCH_CHECK((src_axon || src.is_cpu()) && (dst_axon || dst.is_cpu()),
+              "axon cannot copy between ", src.device(), " and ", dst.device());
+  c10::DeviceIndex stream_device = dst_axon ? dst.device().index() : src.device().index();
+  if (src_axon && dst_axon && src.device() != dst.device()) {
+    syncCurrentStream(src.device().index());  // the producer's work first
+  }
+  if (same_dense_layout(src, dst)) {
+    rt::Stream s = current_rt_stream(stream_device);
+    rt_call([&] {
+      rt::memcpy(dst.data_ptr(), src.const_data_ptr(), dst.nbytes(), s);
+      // A blocking host copy means the host buffer may be reused on return.
+      if (!non_blocking && (src.is_cpu() || dst.is_cpu())) rt::stream_synchronize(s);
+    });
+    return dst;
+  }
+  // Dtype conversion or a strided layout: the CPU copy kernel over host views.
+  if (src_axon) syncCurrentStream(src.device().index());
+  if (dst_axon) syncCurrentStream(dst.device().index());
+  at::Tensor d = dst_axon ? hostView(dst) : dst;
+  at::Tensor s = src_axon ? hostView(src) : src;
+  d.copy_(s);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.device().type() == kAxon) {
+    resize_(dst, self.sizes(), std::nullopt);
+  } else {
+    dst.resize_(self.sizes());
+  }
+  return copy_from(self, dst, false);
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  syncCurrentStream(self.device().index());
+  return hostView(self).item();
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", as_strided);
+  m.impl("view", view);
+  m.impl("_reshape_alias", reshape_alias);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage_storage_offset", set_storage);
+  m.impl("set_.source_Storage", set_source_storage);
+  m.impl("set_.source_Tensor", set_source_tensor);
+  m.impl("set_", set_empty);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+}
+
+}  // namespace
+}  // namespace at::axon

@@ -1,0 +1,126 @@
+// DeviceGuardImpl for axon: how PyTorch switches devices and streams and uses
+// events (c10/core/impl/DeviceGuardImplInterface.h).
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "AxonRuntime.h"
+#include "AxonStream.h"
+#include "CachingAllocator.h"
+
+namespace at::axon {
+namespace {
+
+rt::Event* as_event(void* e) { return static_cast<rt::Event*>(e); }
+
+struct AxonGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType static_type = kAxon;
+
+  c10::DeviceType type() const override { return kAxon; }
+
+  c10::Device exchangeDevice(c10::Device d) const override {
+    TORCH_INTERNAL_ASSERT(d.is_privateuseone());
+    c10::DeviceIndex old = current_device();
+    if (d.index() != old) set_device(d.index());
+    return c10::Device(kAxon, old);
+  }
+
+  c10::Device getDevice() const override {
+    return c10::Device(kAxon, current_device());
+  }
+
+  void setDevice(c10::Device d) const override {
+    TORCH_INTERNAL_ASSERT(d.is_privateuseone());
+    set_device(d.index());
+  }
+
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    try {
+      rt::set_device(d.index());
+    } catch (...) {
+    }
+  }
+
+  c10::Stream getStream(c10::Device d) const override {
+    return getCurrentAxonStream(d.index());
+  }
+
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return getDefaultAxonStream(d.index());
+  }
+
+  c10::Stream getStreamFromGlobalPool(c10::Device d,
+                                      bool isHighPriority) const override {
+    return getStreamFromPool(d.index(), isHighPriority ? -1 : 0);
+  }
+
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    return getStreamFromPool(d.index(), priority);
+  }
+
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    c10::Stream old = getCurrentAxonStream(s.device_index());
+    setCurrentAxonStream(s);
+    return old;
+  }
+
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    if (event != nullptr) rt::event_destroy(as_event(event));
+  }
+
+  void record(void** event, const c10::Stream& stream,
+              const c10::DeviceIndex device_index,
+              const c10::EventFlag) const override {
+    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
+                "Event device index ", device_index,
+                " does not match recording stream's device index ",
+                stream.device_index(), ".");
+    rt_call([&] {
+      if (*event == nullptr) *event = rt::event_create(stream.device_index());
+      rt::event_record(as_event(*event), to_rt(stream));
+    });
+  }
+
+  void block(void* event, const c10::Stream& stream) const override {
+    if (event == nullptr) return;
+    rt_call([&] { rt::stream_wait_event(to_rt(stream), as_event(event)); });
+  }
+
+  bool queryEvent(void* event) const override {
+    return event == nullptr || rt_call([&] { return rt::event_query(as_event(event)); });
+  }
+
+  c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
+
+  bool queryStream(const c10::Stream& stream) const override {
+    return rt_call([&] { return rt::stream_query(to_rt(stream)); });
+  }
+
+  void synchronizeStream(const c10::Stream& stream) const override {
+    rt_call([&] { rt::stream_synchronize(to_rt(stream)); });
+  }
+
+  void synchronizeEvent(void* event) const override {
+    if (event == nullptr) return;
+    rt_call([&] { rt::event_synchronize(as_event(event)); });
+  }
+
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    rt_call([&] { rt::device_synchronize(device_index); });
+  }
+
+  void recordDataPtrOnStream(const c10::DataPtr& data_ptr,
+                             const c10::Stream& stream) const override {
+    getCachingAllocator()->recordStream(data_ptr, stream);
+  }
+
+  double elapsedTime(void* start, void* end,
+                     const c10::DeviceIndex) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr,
+                "Both events must be recorded before calculating elapsed time.");
+    return rt_call([&] { return rt::event_elapsed_ms(as_event(start), as_event(end)); });
+  }
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, AxonGuardImpl);
+
+}  // namespace
+}  // namespace at::axon

@@ -1,0 +1,87 @@
+// torch_axon._C: the few entry points Python needs beyond what PyTorch's
+// generic APIs (torch.accelerator, torch.Stream, torch.Event) already reach
+// through the guard, hooks and allocator.
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "../aten/Fallback.h"
+#include "../core/AxonGenerator.h"
+#include "../core/AxonRuntime.h"
+#include "../core/AxonStream.h"
+#include "../core/CachingAllocator.h"
+
+namespace py = pybind11;
+using namespace at::axon;
+
+namespace {
+
+py::dict device_properties(int device) {
+  auto p = rt_call([&] { return rt::get_device_properties(device); });
+  py::dict d;
+  d["name"] = p.name;
+  d["total_memory"] = p.total_memory;
+  d["multi_processor_count"] = p.compute_units;
+  d["physical_cores"] = p.physical_cores;
+  d["host_accessible"] = p.host_accessible;
+  return d;
+}
+
+py::tuple default_generators() {
+  int n = device_count();
+  py::tuple t(n);
+  for (int i = 0; i < n; ++i) {
+    t[i] = py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(
+        getDefaultAxonGenerator(static_cast<c10::DeviceIndex>(i))));
+  }
+  return t;
+}
+
+// Enqueues work that throws on the device's current stream: how tests check
+// that an asynchronous error surfaces at the next synchronisation.
+void inject_async_error(int device, const std::string& message) {
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<std::string>> names;  // launch keeps the name
+  const char* name;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    names.push_back(std::make_unique<std::string>("axon_test_error"));
+    name = names.back()->c_str();
+  }
+  rt::Stream s = current_rt_stream(static_cast<c10::DeviceIndex>(device));
+  rt_call([&] {
+    rt::launch(s, name, [message] { throw std::runtime_error(message); });
+  });
+}
+
+// Enqueues a sleep: makes pending stream work observable in tests.
+void sleep_on_stream(int device, double ms) {
+  rt::Stream s = current_rt_stream(static_cast<c10::DeviceIndex>(device));
+  rt_call([&] {
+    rt::launch(s, "axon_test_sleep", [ms] {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+    });
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "Axon device runtime bindings";
+  m.def("_device_count", [] { return static_cast<int>(device_count()); });
+  m.def("_current_device", [] { return static_cast<int>(current_device()); });
+  m.def("_set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_synchronize", [](int d) {
+    py::gil_scoped_release no_gil;
+    rt_call([&] { rt::device_synchronize(d); });
+  });
+  m.def("_get_device_properties", &device_properties);
+  m.def("_launch_blocking", [] { return rt::launch_blocking(); });
+  m.def("_default_generators", &default_generators);
+  m.def("_fallback_stats", [] { return fallbackStats(); });
+  m.def("_reset_fallback_stats", [] { resetFallbackStats(); });
+  m.def("_num_device_allocs", [](int d) {
+    return numDeviceAllocs(static_cast<c10::DeviceIndex>(d));
+  });
+  m.def("_test_inject_async_error", &inject_async_error);
+  m.def("_test_sleep_on_stream", &sleep_on_stream);
+}

@@ -1,0 +1,172 @@
+// The Axon device contract: everything the layers above know about the device.
+//
+// A real chip's driver would implement this header; the simulated device in
+// runtime/src implements it on host CPU threads.  The contract is deliberately
+// small (devices, memory, streams, events, copies, launch) so that swapping the
+// implementation never touches csrc/ or kernels/.
+//
+// Conventions
+// - Every function is thread-safe.
+// - Errors are C++ exceptions derived from axon::rt::Error.  Out-of-memory is
+//   OutOfMemoryError, an invalid device index is InvalidDeviceError.
+// - Device resources (worker threads, memory bookkeeping) are created on first
+//   use, so idle devices cost nothing.
+// - Device memory of the simulated device is host-addressable
+//   (DeviceProperties::host_accessible): the layer above may read or write it
+//   from the host *after* synchronising the streams that touch it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+namespace axon::rt {
+
+// ---------------------------------------------------------------- errors
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+class InvalidDeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
+class OutOfMemoryError : public Error {
+ public:
+  OutOfMemoryError(const std::string& what, int device, size_t requested,
+                   size_t used, size_t capacity)
+      : Error(what), device(device), requested(requested), used(used),
+        capacity(capacity) {}
+  int device;
+  size_t requested;  // bytes asked for
+  size_t used;       // bytes of device memory in use when it failed
+  size_t capacity;   // the device's capacity in bytes
+};
+
+// An exception thrown by stream work, reported at the next synchronising call
+// on that stream (stream_synchronize, event_synchronize on an event recorded
+// there, device_synchronize, a blocking copy).  Carries the op's name.
+class AsyncError : public Error {
+ public:
+  using Error::Error;
+};
+
+// ---------------------------------------------------------------- devices
+
+struct DeviceProperties {
+  std::string name;        // "Axon simulated device"
+  size_t total_memory;     // capacity in bytes
+  int compute_units;       // compute threads of the device
+  int physical_cores;      // physical cores grouped into this logical device
+  bool host_accessible;    // device memory can be read/written by the host
+};
+
+// Number of logical devices.  Never throws; 0 means no device.
+// Configured once per process from the environment:
+//   AXON_NUM_DEVICES          physical cores (default 8)
+//   AXON_DEVICE_MEMORY        memory of one physical core, e.g. "8GiB", "512MiB"
+//                             (default 8GiB)
+//   AXON_LOGICAL_CORE_CONFIG  physical cores per logical device (default 1):
+//                             device_count = AXON_NUM_DEVICES / N, memory and
+//                             compute units x N
+//   AXON_LAUNCH_BLOCKING=1    every launch and copy completes before returning
+int device_count() noexcept;
+
+// Throws InvalidDeviceError naming the index and the device count.
+void check_device(int device);
+
+DeviceProperties get_device_properties(int device);
+
+// The calling thread's current device (like cudaGetDevice/cudaSetDevice).
+int current_device() noexcept;
+void set_device(int device);
+
+bool launch_blocking() noexcept;
+
+// ---------------------------------------------------------------- memory
+
+// Allocates `bytes` (64-byte aligned) of device memory.  Throws
+// OutOfMemoryError when the device's capacity would be exceeded.
+void* malloc(int device, size_t bytes);
+
+// Frees device memory returned by malloc.  The caller guarantees no pending
+// stream work still uses it (the caching allocator above synchronises first).
+void free(void* ptr);
+
+struct MemoryInfo {
+  size_t free;
+  size_t total;
+};
+MemoryInfo mem_get_info(int device);
+
+// The device owning `ptr` (anywhere inside an allocation), or -1.
+int pointer_device(const void* ptr) noexcept;
+
+// Page-locked ("pinned") host memory.  Copies from/to it may be asynchronous.
+// host_free waits for pending copies that use the buffer.
+void* host_alloc(size_t bytes);
+void host_free(void* ptr);
+bool is_host_pinned(const void* ptr) noexcept;
+
+// ---------------------------------------------------------------- streams
+
+// A stream is an in-order queue of work on one device.  id 0 is the device's
+// default stream; other ids come from stream_from_pool.
+struct Stream {
+  int device = 0;
+  int64_t id = 0;
+  bool operator==(const Stream& o) const {
+    return device == o.device && id == o.id;
+  }
+};
+
+constexpr int kStreamPoolSize = 32;  // streams per priority level
+
+// A stream from the device's pool, round robin (like CUDA's stream pool).
+// priority: 0 normal, < 0 high.  Priorities are accepted and kept apart; the
+// simulated device does not preempt.
+Stream stream_from_pool(int device, int priority);
+int stream_priority(Stream s);
+// Throws Error if id is not a stream of that device.
+void check_stream(Stream s);
+
+// Enqueues fn on the stream and returns (unless launch_blocking).  `name`
+// must outlive the call (a string literal or an interned name): it names the
+// op in an AsyncError when fn throws.
+void launch(Stream s, const char* name, std::function<void()> fn);
+
+// Copies n bytes on the stream, ordered with its other work.  Any mix of host
+// and device pointers.  Returns once the copy is enqueued when both ends are
+// device memory or pinned host memory (and !launch_blocking); otherwise it
+// waits for the copy (pageable host memory may be reused after return).
+void memcpy(void* dst, const void* src, size_t n, Stream s);
+
+void stream_synchronize(Stream s);  // rethrows the stream's pending AsyncError
+bool stream_query(Stream s);        // true when all enqueued work has run
+void device_synchronize(int device);
+
+// ---------------------------------------------------------------- events
+
+class Event;  // opaque
+
+Event* event_create(int device);
+void event_destroy(Event* e);
+// Captures the stream's current position; the event completes when the work
+// enqueued before it has run.  Re-recording moves it.
+void event_record(Event* e, Stream s);
+// Work enqueued on s after this call waits until e completes.  An event never
+// recorded is complete.
+void stream_wait_event(Stream s, Event* e);
+bool event_query(Event* e);
+void event_synchronize(Event* e);
+// Milliseconds between the completions of start and end (both recorded and
+// complete, else throws Error).
+double event_elapsed_ms(Event* start, Event* end);
+int event_device(Event* e);
+
+}  // namespace axon::rt

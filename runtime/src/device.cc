@@ -1,0 +1,117 @@
+#include "device.h"
+
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+#include "config.h"
+
+namespace axon::rt {
+namespace {
+
+// How long process exit waits for workers to finish their current task
+// before detaching them.
+constexpr auto kShutdownGrace = std::chrono::seconds(5);
+
+struct Registry {
+  explicit Registry(int n) : slots(n) {}
+  std::mutex create_mu;
+  std::vector<std::atomic<Device*>> slots;
+  bool shut_down = false;  // guarded by create_mu
+};
+
+// Never destroyed, so calls from other static destructors stay valid.
+Registry& registry() {
+  static Registry* r = new Registry(device_count());
+  return *r;
+}
+
+void shutdown_workers() {
+  Registry& reg = registry();
+  std::vector<StreamState*> streams;
+  {
+    std::lock_guard lk(reg.create_mu);
+    reg.shut_down = true;
+    for (auto& slot : reg.slots)
+      if (Device* dev = slot.load(std::memory_order_acquire))
+        for (auto& s : dev->streams) streams.push_back(s.get());
+  }
+  for (StreamState* s : streams) s->request_stop();
+  const auto deadline = std::chrono::steady_clock::now() + kShutdownGrace;
+  for (StreamState* s : streams) s->finish_stop(deadline);
+}
+
+// Stops and joins the workers when the process exits, so no thread runs
+// stream work while the rest of the program is being torn down.
+struct WorkerReaper {
+  ~WorkerReaper() { shutdown_workers(); }
+};
+
+thread_local int t_current_device = 0;
+
+}  // namespace
+
+Device::Device(int index, size_t capacity) : index(index), capacity(capacity) {
+  for (int id = 0; id < kStreamsPerDevice; ++id)
+    streams[id] = std::make_unique<StreamState>(index, id);
+}
+
+Device& device(int d) {
+  check_device(d);
+  Registry& reg = registry();
+  if (Device* dev = reg.slots[d].load(std::memory_order_acquire)) return *dev;
+  std::lock_guard lk(reg.create_mu);
+  if (Device* dev = reg.slots[d].load(std::memory_order_acquire)) return *dev;
+  static WorkerReaper reaper;  // armed before the first worker can exist
+  auto* dev = new Device(d, config().device_memory);
+  if (reg.shut_down)
+    for (auto& s : dev->streams) s->request_stop();
+  reg.slots[d].store(dev, std::memory_order_release);
+  return *dev;
+}
+
+Device* created_device(int d) noexcept {
+  if (d < 0 || d >= device_count()) return nullptr;
+  return registry().slots[d].load(std::memory_order_acquire);
+}
+
+int device_count() noexcept { return config().device_count; }
+
+bool launch_blocking() noexcept { return config().launch_blocking; }
+
+void check_device(int d) {
+  const int n = device_count();
+  if (d >= 0 && d < n) return;
+  if (n == 0) {
+    throw InvalidDeviceError("Invalid device index: axon:" + std::to_string(d) +
+                             "; no axon device is available");
+  }
+  throw InvalidDeviceError("Invalid device index: axon:" + std::to_string(d) +
+                           "; the device count is " + std::to_string(n) +
+                           " (valid indices are 0.." + std::to_string(n - 1) + ")");
+}
+
+DeviceProperties get_device_properties(int d) {
+  check_device(d);
+  const Config& c = config();
+  return DeviceProperties{"Axon simulated device", c.device_memory, c.cores_per_device,
+                          c.cores_per_device, true};
+}
+
+int current_device() noexcept { return t_current_device; }
+
+void set_device(int d) {
+  check_device(d);
+  t_current_device = d;
+}
+
+void device_synchronize(int d) {
+  check_device(d);
+  Device* dev = created_device(d);
+  if (dev == nullptr) return;
+  for (auto& s : dev->streams) s->wait_all();
+  // One error per call; errors of other streams stay pending for later calls.
+  for (auto& s : dev->streams) s->throw_pending_error();
+}
+
+}  // namespace axon::rt

@@ -1,0 +1,104 @@
+#include <chrono>
+#include <memory>
+#include <mutex>
+
+#include "axon/runtime.h"
+#include "device.h"
+
+namespace axon::rt {
+
+class Event {
+ public:
+  // One event_record: the marker task owns it too, so destroying the Event
+  // while the marker is still queued is safe.  stamp is written by the
+  // marker and read only after the stream reports the marker complete (the
+  // stream mutex orders the two).
+  struct Record {
+    StreamState* stream = nullptr;
+    uint64_t seq = 0;
+    bool stamped = false;  // false if the marker was dropped at exit
+    std::chrono::steady_clock::time_point stamp;
+
+    bool complete() const { return stream->completed() >= seq; }
+  };
+
+  explicit Event(int device) : device(device) {}
+
+  std::shared_ptr<Record> latest() {
+    std::lock_guard lk(mu);
+    return last;
+  }
+
+  const int device;
+  std::mutex mu;
+  std::shared_ptr<Record> last;  // null until recorded; re-recording replaces it
+};
+
+namespace {
+
+Event& checked(Event* e) {
+  if (e == nullptr) throw Error("axon: null event");
+  return *e;
+}
+
+}  // namespace
+
+Event* event_create(int d) {
+  check_device(d);
+  return new Event(d);
+}
+
+void event_destroy(Event* e) { delete e; }
+
+int event_device(Event* e) { return checked(e).device; }
+
+void event_record(Event* e, Stream s) {
+  Event& ev = checked(e);
+  StreamState& st = stream_state(s);
+  if (s.device != ev.device) {
+    throw Error("axon: event of axon:" + std::to_string(ev.device) +
+                " recorded on a stream of axon:" + std::to_string(s.device));
+  }
+  auto rec = std::make_shared<Event::Record>();
+  rec->stream = &st;
+  // The marker writes only stamp/stamped, never seq, so setting seq after
+  // enqueue (before publishing rec) does not race with it.
+  rec->seq = st.enqueue("event_record", [rec] {
+    rec->stamp = std::chrono::steady_clock::now();
+    rec->stamped = true;
+  });
+  std::lock_guard lk(ev.mu);
+  ev.last = std::move(rec);
+}
+
+void stream_wait_event(Stream s, Event* e) {
+  StreamState& st = stream_state(s);
+  auto rec = checked(e).latest();
+  // Same stream: already ordered.  Complete: nothing to wait for.
+  if (!rec || rec->stream == &st || rec->complete()) return;
+  st.enqueue("stream_wait_event", [rec] { rec->stream->wait(rec->seq); });
+}
+
+bool event_query(Event* e) {
+  auto rec = checked(e).latest();
+  return !rec || rec->complete();
+}
+
+void event_synchronize(Event* e) {
+  auto rec = checked(e).latest();
+  if (!rec) return;
+  rec->stream->wait(rec->seq);
+  rec->stream->throw_pending_error();
+}
+
+double event_elapsed_ms(Event* start, Event* end) {
+  auto a = checked(start).latest();
+  auto b = checked(end).latest();
+  const auto done = [](const auto& r) { return r && r->complete() && r->stamped; };
+  if (!done(a) || !done(b)) {
+    throw Error("Both events must be recorded and completed before calculating elapsed time");
+  }
+  return std::chrono::duration<double, std::milli>(b->stamp - a->stamp).count();
+}
+
+}  // namespace axon::rt

@@ -1,0 +1,52 @@
+#include "axon/runtime.h"
+#include "device.h"
+
+namespace axon::rt {
+
+// Stream ids: 0 default, 1..kStreamPoolSize normal pool, then the high pool.
+
+void check_stream(Stream s) {
+  check_device(s.device);
+  if (s.id < 0 || s.id >= kStreamsPerDevice) {
+    throw Error("axon: invalid stream id " + std::to_string(s.id) + " on axon:" +
+                std::to_string(s.device) + " (valid ids are 0.." +
+                std::to_string(kStreamsPerDevice - 1) + ")");
+  }
+}
+
+StreamState& stream_state(Stream s) {
+  check_stream(s);
+  return *device(s.device).streams[s.id];
+}
+
+Stream stream_from_pool(int d, int priority) {
+  Device& dev = device(d);
+  const bool high = priority < 0;
+  const uint32_t n = dev.next_in_pool[high].fetch_add(1, std::memory_order_relaxed);
+  return Stream{d, 1 + static_cast<int64_t>(n % kStreamPoolSize) + (high ? kStreamPoolSize : 0)};
+}
+
+int stream_priority(Stream s) {
+  check_stream(s);
+  return s.id > kStreamPoolSize ? -1 : 0;
+}
+
+void launch(Stream s, const char* name, std::function<void()> fn) {
+  StreamState& st = stream_state(s);
+  if (!fn) throw Error("axon: launch of an empty function on axon:" + std::to_string(s.device));
+  const uint64_t seq = st.enqueue(name, std::move(fn));
+  if (launch_blocking()) {
+    st.wait(seq);
+    st.throw_pending_error();
+  }
+}
+
+void stream_synchronize(Stream s) {
+  StreamState& st = stream_state(s);
+  st.wait_all();
+  st.throw_pending_error();
+}
+
+bool stream_query(Stream s) { return stream_state(s).idle(); }
+
+}  // namespace axon::rt

@@ -1,0 +1,160 @@
+#include "stream_state.h"
+
+#include <algorithm>
+#include <exception>
+#include <system_error>
+
+#include "axon/runtime.h"
+
+#ifdef __linux__
+#include <pthread.h>
+#endif
+
+namespace axon::rt {
+
+StreamState::~StreamState() {
+  // Devices live for the whole process, so this only runs for a StreamState
+  // owned elsewhere; never leave a joinable std::thread behind.
+  request_stop();
+  finish_stop(std::chrono::steady_clock::time_point::max());
+}
+
+uint64_t StreamState::enqueue(const char* name, std::function<void()> fn) {
+  std::unique_lock lk(mu_);
+  if (stopping_) {
+    // Teardown (static destructors) still gets its work done, inline.
+    const uint64_t seq = ++enqueued_;
+    lk.unlock();
+    std::string error = execute(name, fn);
+    fn = nullptr;
+    lk.lock();
+    finish_locked(seq, std::move(error));
+    return seq;
+  }
+  if (!worker_.joinable()) {
+    try {
+      worker_ = std::thread(&StreamState::run, this);
+    } catch (const std::system_error& e) {
+      throw Error("axon: cannot start the worker of axon:" + std::to_string(device_) +
+                  " stream " + std::to_string(id_) + ": " + e.what());
+    }
+  }
+  const uint64_t seq = ++enqueued_;
+  queue_.push_back(Task{seq, name, std::move(fn)});
+  lk.unlock();
+  work_cv_.notify_one();
+  return seq;
+}
+
+void StreamState::run() {
+#ifdef __linux__
+  // Names show up in gdb and top; 15 characters max.
+  const std::string name = "axon" + std::to_string(device_) + ":s" + std::to_string(id_);
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+#endif
+  std::unique_lock lk(mu_);
+  for (;;) {
+    work_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+    if (stopping_) break;
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    lk.unlock();
+    std::string error = execute(task.name, task.fn);
+    // Captures may own runtime resources (buffers, events); release them
+    // before relocking so their destructors can call back into the runtime.
+    task.fn = nullptr;
+    lk.lock();
+    finish_locked(task.seq, std::move(error));
+  }
+  // Dropped work counts as done so that no waiter (nor exit) hangs on it.
+  std::deque<Task> dropped = std::move(queue_);
+  queue_.clear();
+  completed_ = enqueued_;
+  exited_ = true;
+  done_cv_.notify_all();
+  lk.unlock();
+  dropped.clear();
+}
+
+std::string StreamState::execute(const char* name, std::function<void()>& fn) noexcept {
+  std::string what;
+  try {
+    fn();
+    return {};
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "unknown exception";
+  }
+  return std::string("axon: asynchronous error in '") + (name ? name : "?") + "' on axon:" +
+         std::to_string(device_) + " stream " + std::to_string(id_) + ": " + what;
+}
+
+void StreamState::finish_locked(uint64_t seq, std::string error) {
+  if (!error.empty() && error_.empty()) error_ = std::move(error);
+  // max: during teardown inline tasks may finish out of order.
+  completed_ = std::max(completed_, seq);
+  done_cv_.notify_all();
+}
+
+void StreamState::wait(uint64_t seq) {
+  std::unique_lock lk(mu_);
+  if (completed_ >= seq) return;
+  if (std::this_thread::get_id() == worker_.get_id()) {
+    throw Error("axon: work on axon:" + std::to_string(device_) + " stream " +
+                std::to_string(id_) + " waits for its own stream (deadlock)");
+  }
+  done_cv_.wait(lk, [&] { return completed_ >= seq; });
+}
+
+void StreamState::wait_all() {
+  uint64_t seq;
+  {
+    std::lock_guard lk(mu_);
+    seq = enqueued_;
+  }
+  wait(seq);
+}
+
+uint64_t StreamState::completed() const {
+  std::lock_guard lk(mu_);
+  return completed_;
+}
+
+bool StreamState::idle() const {
+  std::lock_guard lk(mu_);
+  return completed_ == enqueued_;
+}
+
+void StreamState::throw_pending_error() {
+  std::string error;
+  {
+    std::lock_guard lk(mu_);
+    error.swap(error_);
+  }
+  if (!error.empty()) throw AsyncError(error);
+}
+
+void StreamState::request_stop() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+}
+
+void StreamState::finish_stop(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lk(mu_);
+  if (!worker_.joinable()) return;
+  const auto has_exited = [&] { return exited_; };
+  bool exited = true;
+  if (deadline == std::chrono::steady_clock::time_point::max()) done_cv_.wait(lk, has_exited);
+  else exited = done_cv_.wait_until(lk, deadline, has_exited);
+  std::thread worker = std::move(worker_);
+  lk.unlock();
+  // A task blocked forever must not hang process exit.
+  if (exited) worker.join();
+  else worker.detach();
+}
+
+}  // namespace axon::rt

@@ -1,0 +1,113 @@
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "axon/runtime.h"
+#include "test_util.h"
+
+namespace axon::rt {
+namespace {
+
+constexpr size_t kGiB = size_t{1} << 30;
+
+bool aligned64(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
+
+TEST(Memory, MallocIsAlignedWritableAndAccounted) {
+  AXON_REQUIRE_DEFAULT_ENV();
+  const MemoryInfo before = mem_get_info(1);
+  EXPECT_EQ(before.total, 8 * kGiB);
+  void* p = malloc(1, 1000);
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(aligned64(p));
+  std::memset(p, 0xab, 1000);  // host-accessible
+  // Charged in 64-byte granules.
+  EXPECT_EQ(mem_get_info(1).free, before.free - 1024);
+  free(p);
+  EXPECT_EQ(mem_get_info(1).free, before.free);
+}
+
+TEST(Memory, AccountingIsPerDevice) {
+  AXON_REQUIRE_DEFAULT_ENV();
+  const size_t free2 = mem_get_info(2).free;
+  void* p = malloc(3, 4096);
+  EXPECT_EQ(mem_get_info(2).free, free2);
+  EXPECT_EQ(mem_get_info(3).free, 8 * kGiB - 4096);
+  free(p);
+}
+
+TEST(Memory, ZeroByteAllocationsAreUniqueAndNonNull) {
+  void* a = malloc(0, 0);
+  void* b = malloc(0, 0);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(pointer_device(a), 0);
+  free(a);
+  free(b);
+}
+
+TEST(Memory, PointerDeviceCoversTheWholeAllocation) {
+  AXON_REQUIRE_DEFAULT_ENV();
+  auto* p = static_cast<char*>(malloc(4, 256));
+  EXPECT_EQ(pointer_device(p), 4);
+  EXPECT_EQ(pointer_device(p + 100), 4);
+  EXPECT_EQ(pointer_device(p + 255), 4);
+  int on_stack = 0;
+  std::vector<char> on_heap(16);
+  EXPECT_EQ(pointer_device(&on_stack), -1);
+  EXPECT_EQ(pointer_device(on_heap.data()), -1);
+  EXPECT_EQ(pointer_device(nullptr), -1);
+  free(p);
+  EXPECT_EQ(pointer_device(p), -1);
+}
+
+TEST(Memory, FreeNullIsNoOp) { EXPECT_NO_THROW(free(nullptr)); }
+
+TEST(Memory, FreeOfForeignPointerThrows) {
+  int x = 0;
+  EXPECT_THROW(free(&x), Error);
+  auto* p = static_cast<char*>(malloc(0, 128));
+  EXPECT_THROW(free(p + 64), Error);  // interior pointer
+  free(p);
+  EXPECT_THROW(free(p), Error);       // double free
+}
+
+TEST(Memory, OutOfMemoryCarriesDetailsAndIsRecoverable) {
+  AXON_REQUIRE_DEFAULT_ENV();
+  void* held = malloc(6, 1 << 20);
+  try {
+    malloc(6, 9 * kGiB);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.device, 6);
+    EXPECT_EQ(e.requested, 9 * kGiB);
+    EXPECT_EQ(e.used, size_t{1} << 20);
+    EXPECT_EQ(e.capacity, 8 * kGiB);
+    EXPECT_EQ(std::string(e.what()),
+              "axon:6 out of memory: tried to allocate 9.00 GiB; 1.00 MiB of 8.00 GiB in use");
+  }
+  EXPECT_EQ(mem_get_info(6).free, 8 * kGiB - (1 << 20));  // failure charged nothing
+  EXPECT_THROW(malloc(6, SIZE_MAX), OutOfMemoryError);
+  void* p = malloc(6, 1 << 20);
+  free(p);
+  free(held);
+}
+
+TEST(Memory, ConcurrentMallocFreeKeepsAccountingExact) {
+  AXON_REQUIRE_DEFAULT_ENV();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([] {
+      for (int i = 0; i < 200; ++i) free(malloc(7, 64 * (i % 7 + 1)));
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mem_get_info(7).free, 8 * kGiB);
+}
+
+}  // namespace
+}  // namespace axon::rt

@@ -1,0 +1,271 @@
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "axon/runtime.h"
+#include "test_util.h"
+
+namespace axon::rt {
+namespace {
+
+using testing::Gate;
+
+TEST(Stream, PoolRoundRobinsWithinPriority) {
+  std::set<int64_t> normal, high;
+  for (int i = 0; i < kStreamPoolSize; ++i) {
+    const Stream n = stream_from_pool(1, 0);
+    const Stream h = stream_from_pool(1, -1);
+    EXPECT_EQ(n.device, 1);
+    EXPECT_GE(n.id, 1);
+    EXPECT_LE(n.id, kStreamPoolSize);
+    EXPECT_GT(h.id, kStreamPoolSize);
+    EXPECT_LE(h.id, 2 * kStreamPoolSize);
+    EXPECT_EQ(stream_priority(n), 0);
+    EXPECT_EQ(stream_priority(h), -1);
+    normal.insert(n.id);
+    high.insert(h.id);
+  }
+  EXPECT_EQ(normal.size(), size_t{kStreamPoolSize});  // each handed out once per round
+  EXPECT_EQ(high.size(), size_t{kStreamPoolSize});
+  EXPECT_EQ(stream_priority(Stream{1, 0}), 0);
+  EXPECT_EQ(stream_from_pool(1, -3).id > kStreamPoolSize, true);
+  EXPECT_EQ(stream_from_pool(1, 5).id <= kStreamPoolSize, true);
+}
+
+TEST(Stream, CheckStreamRejectsBadIds) {
+  EXPECT_NO_THROW(check_stream(Stream{0, 0}));
+  EXPECT_NO_THROW(check_stream(Stream{0, 2 * kStreamPoolSize}));
+  EXPECT_THROW(check_stream(Stream{0, 2 * kStreamPoolSize + 1}), Error);
+  EXPECT_THROW(check_stream(Stream{0, -1}), Error);
+  EXPECT_THROW(check_stream(Stream{-1, 0}), InvalidDeviceError);
+  EXPECT_THROW(launch(Stream{0, 999}, "x", [] {}), Error);
+  EXPECT_THROW(launch(Stream{0, 0}, "x", nullptr), Error);
+}
+
+TEST(Stream, LaunchIsAsynchronous) {
+  AXON_REQUIRE_DEFAULT_ENV();
+  const Stream s{0, 0};
+  Gate gate;
+  bool ran = false;
+  launch(s, "blocked", [&] { gate.wait(); });
+  launch(s, "after", [&] { ran = true; });  // returns although the stream is blocked
+  EXPECT_FALSE(stream_query(s));
+  gate.open();
+  stream_synchronize(s);
+  EXPECT_TRUE(stream_query(s));
+  EXPECT_TRUE(ran);
+}
+
+TEST(Stream, UnusedStreamIsIdle) {
+  EXPECT_TRUE(stream_query(Stream{2, 7}));
+  EXPECT_NO_THROW(stream_synchronize(Stream{2, 7}));
+}
+
+TEST(Stream, RunsInOrder) {
+  const Stream s = stream_from_pool(0, 0);
+  std::vector<int> order;  // touched only by the stream's worker until synchronized
+  for (int i = 0; i < 1000; ++i) launch(s, "append", [&order, i] { order.push_back(i); });
+  stream_synchronize(s);
+  std::vector<int> expected(1000);
+  std::iota(expected.begin(), expected.end(), 0);
+  EXPECT_EQ(order, expected);
+}
+
+TEST(Stream, ConcurrentLaunchersOnOneStream) {
+  const Stream s = stream_from_pool(0, -1);
+  constexpr int kThreads = 4, kPerThread = 500;
+  long counter = 0;  // plain: the single worker serialises the tasks
+  std::vector<std::vector<int>> seen(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i)
+        launch(s, "count", [&, t, i] {
+          ++counter;
+          seen[t].push_back(i);
+        });
+    });
+  }
+  for (auto& t : threads) t.join();
+  stream_synchronize(s);
+  EXPECT_EQ(counter, kThreads * kPerThread);
+  for (const auto& v : seen) {  // each launcher's own order is kept
+    ASSERT_EQ(v.size(), size_t{kPerThread});
+    EXPECT_TRUE(std::is_sorted(v.begin(), v.end()));
+  }
+}
+
+TEST(Stream, ConcurrentLaunchersOnSeveralStreams) {
+  AXON_REQUIRE_DEFAULT_ENV();
+  constexpr int kThreads = 4, kPerThread = 300;
+  std::atomic<long> counter{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const Stream s{t % 2, 1 + t};  // two devices, distinct streams
+      for (int i = 0; i < kPerThread; ++i) launch(s, "count", [&] { ++counter; });
+    });
+  }
+  for (auto& t : threads) t.join();
+  device_synchronize(0);
+  device_synchronize(1);
+  EXPECT_EQ(counter.load(), kThreads * kPerThread);
+}
+
+TEST(Stream, WorkCanLaunchOntoAnotherStream) {
+  const Stream a = stream_from_pool(0, 0), b{0, 0};
+  Gate done;
+  launch(a, "outer", [&] { launch(b, "inner", [&] { done.open(); }); });
+  done.wait();
+  stream_synchronize(a);
+  stream_synchronize(b);
+}
+
+TEST(Stream, AsyncErrorSurfacesOnceAndStreamKeepsWorking) {
+  const Stream s{3, 0};
+  int later = 0;
+  launch(s, "my_op", [] { throw std::runtime_error("boom"); });
+  launch(s, "second_failure", [] { throw std::runtime_error("ignored while one is pending"); });
+  launch(s, "later", [&] { ++later; });
+  try {
+    stream_synchronize(s);
+    FAIL() << "expected AsyncError";
+  } catch (const AsyncError& e) {
+    EXPECT_EQ(std::string(e.what()), "axon: asynchronous error in 'my_op' on axon:3 stream 0: boom");
+  }
+  EXPECT_EQ(later, 1);
+  EXPECT_NO_THROW(stream_synchronize(s));  // cleared
+  launch(s, "again", [&] { ++later; });
+  stream_synchronize(s);
+  EXPECT_EQ(later, 2);
+}
+
+TEST(Stream, NonStandardExceptionIsReported) {
+  const Stream s{3, 5};
+  launch(s, "weird", [] { throw 42; });
+  try {
+    stream_synchronize(s);
+    FAIL() << "expected AsyncError";
+  } catch (const AsyncError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "axon: asynchronous error in 'weird' on axon:3 stream 5: unknown exception");
+  }
+}
+
+TEST(Stream, DeviceSynchronizeReportsErrorsOfAnyStream) {
+  const Stream s = stream_from_pool(4, -1);
+  launch(s, "pool_op", [] { throw std::logic_error("bad"); });
+  EXPECT_THROW(device_synchronize(4), AsyncError);
+  EXPECT_NO_THROW(device_synchronize(4));
+}
+
+TEST(Stream, SynchronizingOwnStreamFromItsWorkIsAnError) {
+  const Stream s{3, 9};
+  launch(s, "self_sync", [s] { stream_synchronize(s); });
+  try {
+    stream_synchronize(s);
+    FAIL() << "expected AsyncError";
+  } catch (const AsyncError& e) {
+    EXPECT_NE(std::string(e.what()).find("waits for its own stream"), std::string::npos);
+  }
+}
+
+// ------------------------------------------------------------------ memcpy
+
+std::vector<unsigned char> pattern(size_t n) {
+  std::vector<unsigned char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>(i * 7 + 3);
+  return v;
+}
+
+TEST(Memcpy, HostToDeviceToDeviceToHostAcrossDevices) {
+  AXON_REQUIRE_DEFAULT_ENV();
+  constexpr size_t n = 10000;
+  const auto src = pattern(n);
+  std::vector<unsigned char> back(n, 0);
+  void* d0 = malloc(0, n);
+  void* d1 = malloc(1, n);
+  memcpy(d0, src.data(), n, Stream{0, 0});          // H2D, pageable: blocking
+  memcpy(d1, d0, n, stream_from_pool(1, 0));         // D2D across devices: async
+  device_synchronize(1);
+  memcpy(back.data(), d1, n, Stream{1, 0});          // D2H, pageable: blocking
+  EXPECT_EQ(back, src);
+  free(d0);
+  free(d1);
+}
+
+TEST(Memcpy, OverlappingDeviceCopyWithinOneAllocation) {
+  auto* d = static_cast<unsigned char*>(malloc(0, 256));
+  for (int i = 0; i < 256; ++i) d[i] = static_cast<unsigned char>(i);
+  memcpy(d + 1, d, 200, Stream{0, 0});
+  stream_synchronize(Stream{0, 0});
+  for (int i = 0; i < 200; ++i) ASSERT_EQ(d[i + 1], i);
+  free(d);
+}
+
+TEST(Memcpy, PageableCopyWaitsBehindEarlierWork) {
+  AXON_REQUIRE_DEFAULT_ENV();
+  const Stream s = stream_from_pool(2, 0);
+  void* d = malloc(2, 64);
+  std::memset(d, 0, 64);
+  launch(s, "fill", [d] { std::memset(d, 0x11, 64); });
+  unsigned char out[64] = {};
+  memcpy(out, d, 64, s);  // returns only after "fill" and the copy ran
+  EXPECT_EQ(out[0], 0x11);
+  EXPECT_EQ(out[63], 0x11);
+  EXPECT_TRUE(stream_query(s));
+  free(d);
+}
+
+TEST(Memcpy, PinnedCopyIsAsynchronous) {
+  AXON_REQUIRE_DEFAULT_ENV();
+  const Stream s = stream_from_pool(2, 0);
+  constexpr size_t n = 512;
+  const auto src = pattern(n);
+  auto* pinned = static_cast<unsigned char*>(host_alloc(n));
+  void* d = malloc(2, n);
+  std::memcpy(d, src.data(), n);
+  Gate gate;
+  launch(s, "gate", [&] { gate.wait(); });
+  memcpy(pinned, d, n, s);  // D2H into pinned memory returns while queued
+  EXPECT_FALSE(stream_query(s));
+  gate.open();
+  stream_synchronize(s);
+  EXPECT_EQ(std::memcmp(pinned, src.data(), n), 0);
+  host_free(pinned);
+  free(d);
+}
+
+TEST(Memcpy, ZeroBytesIsNoOp) {
+  EXPECT_NO_THROW(memcpy(nullptr, nullptr, 0, Stream{0, 0}));
+  EXPECT_THROW(memcpy(nullptr, nullptr, 0, Stream{0, 999}), Error);
+  char c = 0;
+  EXPECT_THROW(memcpy(&c, nullptr, 1, Stream{0, 0}), Error);
+}
+
+TEST(Memcpy, OverrunOfAnAllocationIsRejected) {
+  auto* d = static_cast<char*>(malloc(0, 128));
+  std::vector<char> host(512);
+  EXPECT_THROW(memcpy(host.data(), d + 64, 100, Stream{0, 0}), Error);
+  EXPECT_NO_THROW(memcpy(host.data(), d + 64, 64, Stream{0, 0}));
+  free(d);
+}
+
+TEST(Memcpy, BlockingCopyReportsEarlierAsyncError) {
+  const Stream s{5, 3};
+  launch(s, "failing", [] { throw std::runtime_error("late"); });
+  char a = 1, b = 0;
+  EXPECT_THROW(memcpy(&b, &a, 1, s), AsyncError);
+  EXPECT_EQ(b, 1);  // the copy itself still ran
+  EXPECT_NO_THROW(stream_synchronize(s));
+}
+
+}  // namespace
+}  // namespace axon::rt

@@ -1,0 +1,22 @@
+"""torch.axon: the axon device's counterpart of torch.cuda.
+
+Registered as ``torch.axon`` when torch_axon loads (automatically, through the
+``torch.backends`` entry point).
+"""
+
+from .. import _C
+from .device import *  # noqa: F401,F403
+from .device import _get_device_index, _is_in_bad_fork, _lazy_init  # noqa: F401
+from .memory import *  # noqa: F401,F403
+from .random import *  # noqa: F401,F403
+from .streams import *  # noqa: F401,F403
+
+
+def fallback_stats() -> dict[str, int]:
+    """{op name: calls} of the ops that ran through the CPU fallback."""
+    return dict(_C._fallback_stats())
+
+
+def reset_fallback_stats() -> None:
+    """Zero the counts fallback_stats() reports."""
+    _C._reset_fallback_stats()

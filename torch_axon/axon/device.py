@@ -1,0 +1,146 @@
+"""Devices: the torch.cuda device API, for axon."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .. import _C
+
+__all__ = [
+    "is_available", "is_initialized", "init", "device_count", "current_device",
+    "set_device", "device", "device_of", "synchronize", "get_device_name",
+    "get_device_properties", "get_device_capability", "is_bf16_supported",
+    "get_amp_supported_dtype",
+]
+
+_DeviceLike = Any  # int, str, torch.device or None
+
+
+def is_available() -> bool:
+    """True when at least one axon device exists."""
+    return _C._device_count() > 0
+
+
+def is_initialized() -> bool:
+    """Axon initialises on import; always True once torch_axon is loaded."""
+    return True
+
+
+def init() -> None:
+    """No-op: kept for code written against torch.cuda.init()."""
+
+
+def _lazy_init() -> None:
+    """No-op: PyTorch internals call this on device modules."""
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    """Number of axon devices (AXON_NUM_DEVICES / AXON_LOGICAL_CORE_CONFIG)."""
+    return _C._device_count()
+
+
+def _get_device_index(device: _DeviceLike, optional: bool = False) -> int:
+    """The index of an axon device given as int, str or torch.device."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "axon":
+            raise ValueError(f"Expected an axon device, but got: {device}")
+        index = device.index
+    else:
+        index = device
+    if index is None:
+        if not optional:
+            raise ValueError(f"Expected an axon device with a specified index, got: {device}")
+        return current_device()
+    if not isinstance(index, int):
+        raise TypeError(f"Invalid device: {device!r}")
+    return index
+
+
+def current_device() -> int:
+    """Index of the calling thread's current axon device."""
+    return _C._current_device()
+
+
+def set_device(device: _DeviceLike) -> None:
+    """Set the calling thread's current axon device (negative: no-op)."""
+    index = _get_device_index(device, optional=True)
+    if index >= 0:
+        _C._set_device(index)
+
+
+class device:
+    """Context manager that changes the current axon device."""
+
+    def __init__(self, device: _DeviceLike):
+        self.idx = -1 if device is None else _get_device_index(device, optional=True)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        self.prev_idx = current_device()
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            _C._set_device(self.idx)
+
+    def __exit__(self, *exc):
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            _C._set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor `obj` current."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.device.type == "axon" else -1)
+
+
+def synchronize(device: _DeviceLike = None) -> None:
+    """Wait for all work on all streams of an axon device."""
+    _C._synchronize(_get_device_index(device, optional=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class _AxonDeviceProperties:
+    name: str
+    total_memory: int
+    multi_processor_count: int
+    physical_cores: int
+    host_accessible: bool
+    major: int = 1
+    minor: int = 0
+
+    def __repr__(self) -> str:
+        return (f"_AxonDeviceProperties(name='{self.name}', major={self.major}, "
+                f"minor={self.minor}, total_memory={self.total_memory // (1 << 20)}MB, "
+                f"multi_processor_count={self.multi_processor_count})")
+
+
+def get_device_properties(device: _DeviceLike = None) -> _AxonDeviceProperties:
+    """Name, memory capacity and compute units of an axon device."""
+    return _AxonDeviceProperties(**_C._get_device_properties(_get_device_index(device, optional=True)))
+
+
+def get_device_name(device: _DeviceLike = None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
+    p = get_device_properties(device)
+    return p.major, p.minor
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """Dtypes torch.autocast accepts for device_type='axon'."""
+    return [torch.float16, torch.bfloat16]

@@ -1,0 +1,42 @@
+"""Transformers: train on axon without device settings."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ._hooks import on_import
+from .hf_accelerate import _axon_available
+
+
+@on_import("transformers.training_args")
+def training_args_setup_devices(training_args) -> None:
+    """Patch ``transformers.training_args.TrainingArguments._setup_devices``.
+
+    For a single process it tries mps, xpu, mlu, musa, npu, hpu, neuron, tpu,
+    then ``"cuda:0" if torch.cuda.is_available() else
+    os.environ.get("ACCELERATE_TORCH_DEVICE", "cpu")`` - a PrivateUse1 device
+    only through an environment variable.  The wrapper replaces that CPU answer
+    (unless ``use_cpu`` asked for it) with the device Accelerate chose, which
+    ``hf_accelerate.partial_state_default_device`` makes axon.
+    """
+    cls = training_args.TrainingArguments
+    original = cls.__dict__["_setup_devices"]
+    if getattr(original.func, "_axon_patch", False):
+        return
+
+    @functools.wraps(original.func)
+    def _setup_devices(self) -> torch.device:
+        device = original.func(self)
+        if device.type == "cpu" and not self.use_cpu and _axon_available():
+            state_device = getattr(self.distributed_state, "device", None)
+            if state_device is not None and state_device.type == "axon":
+                self._n_gpu = 1
+                return state_device
+        return device
+
+    _setup_devices._axon_patch = True
+    patched = functools.cached_property(_setup_devices)
+    patched.__set_name__(cls, "_setup_devices")
+    cls._setup_devices = patched
