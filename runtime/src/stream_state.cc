@@ -151,8 +151,13 @@ void StreamState::finish_stop(std::chrono::steady_clock::time_point deadline) {
   if (deadline == std::chrono::steady_clock::time_point::max()) done_cv_.wait(lk, has_exited);
   else exited = done_cv_.wait_until(lk, deadline, has_exited);
   std::thread worker = std::move(worker_);
+  if (!exited) {
+    // A task blocked forever must not hang process exit: give up on it and
+    // release everyone who waits on this stream.
+    completed_ = enqueued_;
+    done_cv_.notify_all();
+  }
   lk.unlock();
-  // A task blocked forever must not hang process exit.
   if (exited) worker.join();
   else worker.detach();
 }

@@ -35,8 +35,8 @@ TEST(Stream, PoolRoundRobinsWithinPriority) {
   EXPECT_EQ(normal.size(), size_t{kStreamPoolSize});  // each handed out once per round
   EXPECT_EQ(high.size(), size_t{kStreamPoolSize});
   EXPECT_EQ(stream_priority(Stream{1, 0}), 0);
-  EXPECT_EQ(stream_from_pool(1, -3).id > kStreamPoolSize, true);
-  EXPECT_EQ(stream_from_pool(1, 5).id <= kStreamPoolSize, true);
+  EXPECT_GT(stream_from_pool(1, -3).id, kStreamPoolSize);
+  EXPECT_LE(stream_from_pool(1, 5).id, kStreamPoolSize);
 }
 
 TEST(Stream, CheckStreamRejectsBadIds) {

@@ -34,15 +34,25 @@ def _wrap(s: torch.Stream) -> Stream:
                   device_type=s.device_type)
 
 
-class Event(torch.Event):
-    """A marker in an axon stream: record, wait, query, time (like torch.cuda.Event)."""
+class _EventType(type):
+    # torch.Event's C methods accept only exact torch.Event objects, so Event()
+    # returns one; isinstance(e, torch.axon.Event) holds for any axon event.
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, torch.Event) and obj.device.type == "axon"
+
+
+class Event(metaclass=_EventType):
+    """A marker in an axon stream: record, wait, query, time (like torch.cuda.Event).
+
+    Instances are ``torch.Event`` objects on the current axon device.
+    """
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False,
                 interprocess: bool = False):
         if interprocess:
             raise NotImplementedError("axon events cannot be shared between processes")
-        return super().__new__(cls, device=torch.device("axon", current_device()),
-                               enable_timing=enable_timing, blocking=blocking)
+        return torch.Event(device=torch.device("axon", current_device()),
+                           enable_timing=enable_timing, blocking=blocking)
 
 
 def current_stream(device=None) -> Stream:

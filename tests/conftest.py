@@ -1,0 +1,173 @@
+"""Shared helpers for the axon test suite.
+
+Every numerical test runs the same computation on the CPU and on axon and
+compares the two with torch.testing.assert_close at the tolerances below.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+# `import torch` alone must load the backend (entry point); fail loudly if not.
+assert hasattr(torch, "axon"), "torch_axon was not autoloaded by `import torch`"
+
+AXON = torch.device("axon")
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INT_DTYPES = (torch.int32, torch.int64)
+
+# Tolerances per dtype for "same computation on axon and on the CPU".  Axon
+# may use different kernels from the CPU; these are the usual PyTorch
+# precision tolerances (torch.testing defaults for float32 are tighter).
+TOL = {
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
+    torch.float64: dict(rtol=1e-7, atol=1e-7),
+    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2),
+    torch.float16: dict(rtol=1e-3, atol=1e-3),
+    torch.complex64: dict(rtol=1e-5, atol=1e-5),
+}
+# Reductions and matmuls accumulate: low-precision results may differ by one
+# or two units in the last place after a different summation order.
+TOL_ACCUM = {
+    torch.float32: dict(rtol=1e-4, atol=1e-4),
+    torch.float64: dict(rtol=1e-7, atol=1e-7),
+    torch.bfloat16: dict(rtol=3e-2, atol=3e-2),
+    torch.float16: dict(rtol=5e-3, atol=5e-3),
+}
+
+
+def tol(dtype: torch.dtype, accum: bool = False) -> dict:
+    """assert_close tolerances for results of dtype (exact for ints/bools)."""
+    table = TOL_ACCUM if accum else TOL
+    if dtype in table:
+        return table[dtype]
+    return dict(rtol=0, atol=0)
+
+
+def to_cpu(x):
+    """Moves (nested) axon results to the CPU for comparison."""
+    if isinstance(x, torch.Tensor):
+        return x.cpu()
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_cpu(e) for e in x) if not hasattr(x, "_fields") else \
+            type(x)(*(to_cpu(e) for e in x))
+    return x
+
+
+def to_axon(x, device=AXON):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_axon(e, device) for e in x)
+    return x
+
+
+def assert_on_axon(x, index: int | None = None):
+    """Every tensor in (nested) x lives on axon (on axon:index if given)."""
+    if isinstance(x, torch.Tensor):
+        assert x.device.type == "axon", f"result on {x.device}, expected axon"
+        if index is not None:
+            assert x.device.index == index
+    elif isinstance(x, (list, tuple)):
+        for e in x:
+            assert_on_axon(e, index)
+
+
+def assert_same(actual_axon, expected_cpu, dtype=None, accum=False, **kw):
+    """actual (on axon) matches expected (computed on the CPU): device, dtype,
+    shape and values within the tolerance of the dtype."""
+    assert_on_axon(actual_axon)
+    actual = to_cpu(actual_axon)
+    if isinstance(expected_cpu, torch.Tensor):
+        t = tol(dtype or expected_cpu.dtype, accum)
+        t.update(kw)
+        torch.testing.assert_close(actual, expected_cpu, equal_nan=True, **t)
+    else:
+        assert type(actual) is type(expected_cpu) or isinstance(actual, (list, tuple))
+        assert len(actual) == len(expected_cpu)
+        for a, e in zip(actual, expected_cpu):
+            if isinstance(e, torch.Tensor):
+                t = tol(dtype or e.dtype, accum)
+                t.update(kw)
+                torch.testing.assert_close(a, e, equal_nan=True, **t)
+            else:
+                assert a == e
+
+
+def make(shape, dtype, low=-3.0, high=3.0, seed=0):
+    """A deterministic CPU tensor of shape/dtype with values in [low, high)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if not dtype.is_floating_point and not dtype.is_complex:
+        return torch.randint(int(low), int(high) + 1, shape, generator=g).to(dtype)
+    x = torch.rand(shape, generator=g, dtype=torch.float64) * (high - low) + low
+    return x.to(dtype)
+
+
+# Layouts: how a (4, 6) operand is obtained.  The same view op is applied on
+# both devices, so the axon operand really is non-contiguous.
+LAYOUTS = ("contiguous", "transposed", "sliced", "expanded", "zero_size")
+
+
+def layout_pair(layout: str, dtype, rows=4, cols=6, low=-3.0, high=3.0, seed=0):
+    """(cpu, axon) operands of the same values in the given memory layout."""
+    if layout == "contiguous":
+        base = make((rows, cols), dtype, low, high, seed)
+        view = lambda t: t  # noqa: E731
+    elif layout == "transposed":
+        base = make((cols, rows), dtype, low, high, seed)
+        view = lambda t: t.t()  # noqa: E731
+    elif layout == "sliced":
+        base = make((rows + 1, 2 * cols + 1), dtype, low, high, seed)
+        view = lambda t: t[1:, 1::2]  # noqa: E731
+    elif layout == "expanded":
+        base = make((1, cols), dtype, low, high, seed)
+        view = lambda t: t.expand(rows, cols)  # noqa: E731
+    elif layout == "zero_size":
+        base = make((0, cols), dtype, low, high, seed)
+        view = lambda t: t  # noqa: E731
+    else:
+        raise ValueError(layout)
+    cpu, ax = view(base), view(base.to(AXON))
+    assert cpu.shape == ax.shape and cpu.stride() == ax.stride()
+    if layout in ("transposed", "sliced", "expanded"):
+        assert not ax.is_contiguous()
+    return cpu, ax
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 120):
+    """Runs code in a fresh interpreter (for per-process settings such as
+    AXON_DEVICE_MEMORY); returns the CompletedProcess."""
+    full_env = dict(os.environ)
+    for k in [k for k in full_env if k.startswith("AXON_")]:
+        del full_env[k]
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(autouse=True)
+def _axon_state_guard():
+    """Each test starts and ends on axon:0 with default streams, no pending work
+    or pending asynchronous errors."""
+    torch.axon.set_device(0)
+    yield
+    torch.axon.set_device(0)
+    for i in range(torch.axon.device_count()):
+        torch.axon.set_stream(torch.axon.default_stream(i))
+    for i in range(torch.axon.device_count()):
+        torch.axon.synchronize(i)  # raises if a test leaked an async error
+
+
+@pytest.fixture
+def fresh_memory():
+    """Collects garbage so allocator statistics only count the test's tensors."""
+    gc.collect()
+    yield

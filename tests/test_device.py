@@ -1,0 +1,291 @@
+"""The axon device as PyTorch sees it: import, device objects, torch.axon's
+device API (mirroring torch.cuda), torch.accelerator, multiple devices."""
+
+import pytest
+import torch
+
+from conftest import FLOAT_DTYPES, assert_same, make, run_python
+
+
+def test_import_torch_alone_registers_axon():
+    # A fresh interpreter that only imports torch: the entry point must do the rest.
+    r = run_python("""
+        import sys, torch
+        assert "torch_axon" in sys.modules, "torch_axon was not autoloaded"
+        d = torch.device("axon")
+        assert d.type == "axon"
+        x = torch.arange(6.0).reshape(2, 3)
+        a, b = x.to("axon"), x.axon()
+        assert a.is_axon and b.is_axon and not x.is_axon
+        assert a.device == torch.device("axon:0") == b.device
+        assert torch.equal(a.cpu(), x) and torch.equal(b.cpu(), x)
+        m = torch.nn.Linear(3, 2).axon()
+        assert all(p.device.type == "axon" for p in m.parameters())
+        assert torch.axon.is_available() and torch.accelerator.current_accelerator().type == "axon"
+        s = torch.arange(4.0).untyped_storage().axon()
+        assert s.device.type == "axon"
+        print("OK", torch.axon.device_count())
+    """, env={"AXON_NUM_DEVICES": "3"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["OK", "3"]
+
+
+def test_autoload_can_be_disabled():
+    r = run_python("""
+        import sys, torch
+        print("torch_axon" in sys.modules, hasattr(torch, "axon"))
+    """, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + (torch.int64, torch.bool))
+def test_to_axon_round_trip(dtype):
+    x = make((3, 5), dtype)
+    for a in (x.to("axon"), x.axon(), x.to(torch.device("axon", 0)), x.to(device="axon:0")):
+        assert a.is_axon and a.device == torch.device("axon:0")
+        assert a.dtype == dtype and a.shape == x.shape
+        assert_same(a, x)
+
+
+def test_axon_with_index_and_module_axon_index():
+    x = make((2, 3), torch.float32)
+    a = x.axon(2)
+    assert a.device == torch.device("axon:2")
+    assert_same(a, x)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    ref = m(x)
+    m.axon(1)
+    assert all(p.device == torch.device("axon:1") for p in m.parameters())
+    out = m(x.axon(1))
+    assert out.device == torch.device("axon:1")
+    assert_same(out, ref, accum=True)
+    m.cpu()
+    assert all(p.device.type == "cpu" for p in m.parameters())
+
+
+def test_is_axon_property():
+    assert torch.ones(1, device="axon").is_axon
+    assert not torch.ones(1).is_axon
+    assert torch.ones(1, device="axon:3").is_axon
+
+
+def test_factory_functions_on_axon():
+    for dev in ("axon", "axon:1", torch.device("axon", 2)):
+        z = torch.zeros(2, 3, device=dev)
+        assert z.is_axon
+        assert_same(z, torch.zeros(2, 3))
+    assert torch.zeros(2, device="axon").device == torch.device("axon:0")
+
+
+# ---------------------------------------------------------------- torch.axon
+
+def test_torch_axon_mirrors_torch_cuda_names():
+    names = ["is_available", "device_count", "current_device", "set_device", "device",
+             "synchronize", "Stream", "Event", "current_stream", "stream",
+             "get_device_name", "get_device_properties", "memory_allocated",
+             "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+             "memory_stats", "reset_peak_memory_stats", "mem_get_info", "empty_cache",
+             "manual_seed", "manual_seed_all", "seed", "initial_seed", "get_rng_state",
+             "set_rng_state", "default_stream", "device_of", "is_bf16_supported"]
+    missing = [n for n in names if not hasattr(torch.axon, n)]
+    assert not missing, missing
+    # Each of these is also what torch.cuda calls it.
+    assert all(hasattr(torch.cuda, n) for n in names)
+
+
+def test_is_available_and_device_count():
+    assert torch.axon.is_available() is True
+    assert torch.axon.device_count() == 8  # AXON_NUM_DEVICES default
+    assert torch.axon.is_initialized()
+
+
+def test_device_count_follows_environment():
+    r = run_python("""
+        import torch
+        p = torch.axon.get_device_properties(0)
+        print(torch.axon.device_count(), torch.accelerator.device_count(), p.total_memory,
+              p.multi_processor_count)
+    """, env={"AXON_NUM_DEVICES": "4", "AXON_LOGICAL_CORE_CONFIG": "2",
+              "AXON_DEVICE_MEMORY": "64MiB"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["2", "2", str(2 * 64 * 2**20), "2"]
+
+
+def test_current_device_and_set_device():
+    assert torch.axon.current_device() == 0
+    torch.axon.set_device(3)
+    assert torch.axon.current_device() == 3
+    assert torch.empty(1, device="axon").device == torch.device("axon:3")
+    torch.axon.set_device("axon:1")
+    assert torch.axon.current_device() == 1
+    torch.axon.set_device(torch.device("axon", 2))
+    assert torch.axon.current_device() == 2
+    torch.axon.set_device(0)
+    assert torch.empty(1, device="axon").device == torch.device("axon:0")
+
+
+def test_set_device_rejects_other_device_types():
+    with pytest.raises(ValueError, match="Expected an axon device"):
+        torch.axon.set_device("cpu")
+
+
+def test_device_context_manager():
+    assert torch.axon.current_device() == 0
+    with torch.axon.device(2):
+        assert torch.axon.current_device() == 2
+        assert torch.accelerator.current_device_index() == 2
+        x = torch.ones(3, device="axon")
+        with torch.axon.device("axon:5"):
+            assert torch.axon.current_device() == 5
+            assert torch.ones(1, device="axon").device.index == 5
+        assert torch.axon.current_device() == 2
+    assert torch.axon.current_device() == 0
+    assert x.device == torch.device("axon:2")
+    # None leaves the device unchanged.
+    with torch.axon.device(None):
+        assert torch.axon.current_device() == 0
+    # Restored even on an exception.
+    with pytest.raises(KeyError):
+        with torch.axon.device(4):
+            raise KeyError
+    assert torch.axon.current_device() == 0
+
+
+def test_device_of():
+    t = torch.ones(1, device="axon:3")
+    with torch.axon.device_of(t):
+        assert torch.axon.current_device() == 3
+    assert torch.axon.current_device() == 0
+    with torch.axon.device_of(torch.ones(1)):  # CPU tensor: unchanged
+        assert torch.axon.current_device() == 0
+
+
+def test_device_properties_and_name():
+    p = torch.axon.get_device_properties(0)
+    assert p.name == "Axon simulated device" == torch.axon.get_device_name(0)
+    assert torch.axon.get_device_name() == p.name
+    assert p.total_memory == 8 * 2**30
+    assert p.multi_processor_count >= 1
+    assert p.host_accessible is True
+    assert torch.axon.get_device_properties("axon:1") == torch.axon.get_device_properties(1)
+    assert torch.axon.get_device_capability(0) == (p.major, p.minor)
+    assert "Axon simulated device" in repr(p)
+    assert torch.axon.mem_get_info(0)[1] == p.total_memory
+
+
+def test_synchronize_waits_for_pending_work():
+    torch.axon._C._test_sleep_on_stream(0, 200)
+    assert not torch.axon.current_stream().query()
+    torch.axon.synchronize()
+    assert torch.axon.current_stream().query()
+    torch.axon.synchronize(0)
+    torch.axon.synchronize("axon:1")
+    torch.axon.synchronize(torch.device("axon:2"))
+
+
+def test_bf16_and_amp_dtypes():
+    assert torch.axon.is_bf16_supported()
+    assert set(torch.axon.get_amp_supported_dtype()) == {torch.float16, torch.bfloat16}
+
+
+# ---------------------------------------------------------------- torch.accelerator
+
+def test_accelerator_reports_axon():
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator() == torch.device("axon")
+    assert torch.accelerator.device_count() == torch.axon.device_count()
+
+
+def test_accelerator_set_device_index_drives_axon():
+    assert torch.accelerator.current_device_index() == 0
+    torch.accelerator.set_device_index(4)
+    assert torch.axon.current_device() == 4
+    assert torch.ones(1, device="axon").device == torch.device("axon:4")
+    torch.accelerator.set_device_index(0)
+    with torch.accelerator.device_index(6):
+        assert torch.axon.current_device() == 6
+    assert torch.axon.current_device() == 0
+
+
+def test_accelerator_current_stream_and_synchronize():
+    s = torch.accelerator.current_stream()
+    assert s.device == torch.device("axon:0")
+    assert s == torch.axon.current_stream()
+    other = torch.axon.Stream()
+    torch.accelerator.set_stream(other)
+    assert torch.axon.current_stream() == other
+    assert torch.accelerator.current_stream() == other
+    torch.axon._C._test_sleep_on_stream(0, 200)  # on `other`, the current stream
+    assert not other.query()
+    torch.accelerator.synchronize()
+    assert other.query()
+    torch.accelerator.set_stream(s)
+    assert torch.axon.current_stream() == s
+    assert torch.accelerator.current_stream(1).device == torch.device("axon:1")
+
+
+def test_accelerator_memory_apis_match_torch_axon(fresh_memory):
+    x = torch.empty(1000, device="axon:6")
+    assert torch.accelerator.memory_allocated(6) == torch.axon.memory_allocated(6) > 0
+    assert torch.accelerator.memory_reserved(6) == torch.axon.memory_reserved(6)
+    del x
+
+
+# ---------------------------------------------------------------- multiple devices
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + (torch.int32,))
+def test_tensors_on_axon1_with_device_context(dtype):
+    x, y = make((4, 5), dtype, seed=1), make((4, 5), dtype, seed=2)
+    with torch.axon.device(1):
+        a, b = x.to("axon"), y.to("axon")
+        r = a * b + a
+        assert a.device == torch.device("axon:1") and r.device == torch.device("axon:1")
+    assert_same(r, x * y + x)
+    assert r.device.index == 1
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_copy_between_devices(dtype, layout):
+    x = make((6, 5), dtype)
+    a0 = x.to("axon:0")
+    if layout == "transposed":
+        a0, x = a0.t(), x.t()
+    a1 = a0.to("axon:1")
+    assert a1.device == torch.device("axon:1")
+    assert_same(a1, x)
+    # copy_ into an existing axon:1 tensor; the result stays on axon:1
+    dst = torch.zeros(x.shape, dtype=dtype, device="axon:1")
+    dst.copy_(a0)
+    assert dst.device.index == 1
+    assert_same(dst, x)
+    # and back, via an op on axon:1
+    assert_same((a1 * 2).to("axon:0"), x * 2)
+
+
+def test_ops_run_on_the_devices_of_their_tensors():
+    x = make((3, 3), torch.float32)
+    a = x.to("axon:5")
+    # current device is 0, the op's tensors are on 5: the result stays on 5
+    r = torch.mm(a, a)
+    assert r.device == torch.device("axon:5")
+    assert_same(r, x @ x, accum=True)
+    assert torch.axon.current_device() == 0
+
+
+def test_per_device_state_is_independent():
+    a = torch.ones(3, device="axon:1")
+    s1 = torch.axon.Stream(device=1)
+    with torch.axon.stream(s1):
+        assert torch.axon.current_device() == 1
+        assert torch.axon.current_stream(1) == s1
+        assert torch.axon.current_stream(0) == torch.axon.default_stream(0)
+        torch.axon._C._test_sleep_on_stream(1, 200)
+    assert torch.axon.current_device() == 0
+    assert torch.axon.current_stream(1) == torch.axon.default_stream(1)
+    torch.axon.synchronize(0)  # device 0 does not wait for device 1's stream
+    assert not s1.query()
+    torch.axon.synchronize(1)
+    assert s1.query()
+    assert_same(a + 1, torch.full((3,), 2.0))

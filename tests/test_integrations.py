@@ -1,0 +1,200 @@
+"""torch_axon.integrations: Accelerate and Transformers choose axon by themselves."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from torch_axon.integrations import _hooks, hf_accelerate, hf_transformers
+
+accelerate_state = pytest.importorskip("accelerate.state")
+training_args = pytest.importorskip("transformers.training_args")
+
+from accelerate import Accelerator  # noqa: E402
+from accelerate.state import AcceleratorState, PartialState  # noqa: E402
+from transformers import TrainingArguments  # noqa: E402
+
+PATCHES = [hf_accelerate.partial_state_default_device, hf_transformers.training_args_setup_devices]
+
+
+@pytest.fixture(autouse=True)
+def fresh_state(monkeypatch):
+    """No device settings in the environment, and no Accelerate state left over."""
+    for var in ("ACCELERATE_TORCH_DEVICE", "ACCELERATE_USE_CPU", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def _args(tmp_path, **kw) -> TrainingArguments:
+    return TrainingArguments(output_dir=str(tmp_path), report_to="none", **kw)
+
+
+# ------------------------------------------------------------ Accelerate
+
+
+def test_partial_state_device_is_axon():
+    state = PartialState()
+    assert state.device.type == "axon"
+    assert state.device.index == torch.axon.current_device()
+    assert state.default_device.type == "axon"
+
+
+def test_partial_state_cpu_request_is_kept():
+    assert PartialState(cpu=True).device == torch.device("cpu")
+
+
+def test_accelerate_torch_device_env_is_kept(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu")
+    assert PartialState().device == torch.device("cpu")
+
+
+def test_accelerator_prepares_model_on_axon():
+    accelerator = Accelerator()
+    assert accelerator.device.type == "axon"
+    model = accelerator.prepare(torch.nn.Linear(4, 2))
+    assert next(model.parameters()).device.type == "axon"
+
+
+# ------------------------------------------------------------ Transformers
+
+
+def test_training_args_device_is_axon(tmp_path):
+    args = _args(tmp_path)
+    assert args.device.type == "axon"
+    assert args.n_gpu == 1
+    assert args.distributed_state.device.type == "axon"
+
+
+def test_training_args_use_cpu(tmp_path):
+    args = _args(tmp_path, use_cpu=True)
+    assert args.device == torch.device("cpu")
+    assert args.n_gpu == 0
+
+
+def test_training_args_accelerate_use_cpu_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    assert _args(tmp_path).device == torch.device("cpu")
+
+
+def test_training_args_after_use_cpu_run(tmp_path):
+    """A CPU run resets Accelerate's state; the next default run is on axon again."""
+    assert _args(tmp_path / "a", use_cpu=True).device.type == "cpu"
+    assert _args(tmp_path / "b").device.type == "axon"
+
+
+# ------------------------------------------------------------ the patches themselves
+
+
+def test_patches_are_installed():
+    assert PartialState.default_device.fget._axon_patch
+    assert TrainingArguments.__dict__["_setup_devices"].func._axon_patch
+
+
+def test_patches_are_idempotent(tmp_path):
+    default_device = PartialState.__dict__["default_device"]
+    setup_devices = TrainingArguments.__dict__["_setup_devices"]
+    for _ in range(2):
+        hf_accelerate.partial_state_default_device(accelerate_state)
+        hf_transformers.training_args_setup_devices(training_args)
+        _hooks._apply(accelerate_state)
+        _hooks._apply(training_args)
+        _hooks.install()
+    assert PartialState.__dict__["default_device"] is default_device
+    assert TrainingArguments.__dict__["_setup_devices"] is setup_devices
+    assert PartialState().device.type == "axon"
+    assert _args(tmp_path).device.type == "axon"
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.__name__)
+def test_patch_docstring_names_upstream_function(patch):
+    """The docstring names ``module.Class.attribute`` of the patched function, and it exists."""
+    doc = patch.__doc__ or ""
+    match = re.search(r"``((?:\w+\.)+\w+)``", doc)
+    assert match, f"{patch.__name__}: no ``upstream.name`` in its docstring"
+    module_name, cls_name, attr = match.group(1).rsplit(".", 2)
+    assert patch in _hooks._patches[module_name]
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    assert attr in cls.__dict__
+    assert "cpu" in doc.lower(), "the docstring should describe the hard-coded device list"
+
+
+def _fake_accelerate(device: str) -> types.ModuleType:
+    module = types.ModuleType("fake_accelerate_state")
+
+    class PartialState:
+        @property
+        def default_device(self):
+            return torch.device(device)
+
+    module.PartialState = PartialState
+    return module
+
+
+def _fake_transformers(device: str) -> types.ModuleType:
+    module = types.ModuleType("fake_training_args")
+
+    class TrainingArguments:
+        use_cpu = False
+        distributed_state = types.SimpleNamespace(device=torch.device("axon", 0))
+
+        @functools.cached_property
+        def _setup_devices(self):
+            return torch.device(device)
+
+    module.TrainingArguments = TrainingArguments
+    return module
+
+
+@pytest.mark.parametrize("device", ["axon:0", "cuda:0", "mps"])
+def test_patches_keep_non_cpu_upstream_answers(device):
+    """Once upstream returns axon (or any device but the CPU), the wrappers change nothing."""
+    fake = _fake_accelerate(device)
+    hf_accelerate.partial_state_default_device(fake)
+    assert fake.PartialState.default_device.fget._axon_patch
+    assert fake.PartialState().default_device == torch.device(device)
+
+    fake = _fake_transformers(device)
+    hf_transformers.training_args_setup_devices(fake)
+    assert fake.TrainingArguments.__dict__["_setup_devices"].func._axon_patch
+    assert fake.TrainingArguments()._setup_devices == torch.device(device)
+
+
+def test_patches_replace_only_the_final_cpu():
+    fake = _fake_accelerate("cpu")
+    hf_accelerate.partial_state_default_device(fake)
+    assert fake.PartialState().default_device.type == "axon"
+
+    fake = _fake_transformers("cpu")
+    hf_transformers.training_args_setup_devices(fake)
+    assert fake.TrainingArguments()._setup_devices.type == "axon"
+    args = fake.TrainingArguments()
+    args.use_cpu = True
+    assert args._setup_devices.type == "cpu"
+
+
+def test_modules_imported_before_torch_axon_get_patched(tmp_path):
+    """With autoload off, Accelerate and Transformers imported first are patched by install()."""
+    code = (
+        "import accelerate.state, transformers.training_args\n"
+        "from transformers import TrainingArguments\n"
+        "assert not getattr(accelerate.state.PartialState.default_device.fget, '_axon_patch', False)\n"
+        "import torch_axon\n"
+        "print(TrainingArguments(output_dir='unused', report_to='none').device)\n"
+    )
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ACCELERATE_TORCH_DEVICE", "ACCELERATE_USE_CPU")}
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "axon:0"
