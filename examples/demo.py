@@ -31,7 +31,7 @@ from transformers.trainer_callback import ProgressCallback
 from transformers.utils import logging as hf_logging
 
 OUT = Path(__file__).resolve().parent.parent / "demo_output"
-STEPS = int(os.environ.get("AXON_DEMO_STEPS", "300"))
+STEPS = int(os.environ.get("AXON_DEMO_STEPS", "600"))
 BATCH = 16
 PROBLEMS_PER_SEQ = 6  # 1 BOS + 6 * len("07+45=052\n") = 61 tokens per sequence
 SEED = 0
@@ -53,11 +53,15 @@ def problem(rng: random.Random) -> tuple[str, str]:
 
 
 def make_dataset(tokenizer, n: int, rng: random.Random) -> list[dict]:
+    """Rows of PROBLEMS_PER_SEQ problems; the loss is on the answers only."""
     rows = []
     for _ in range(n):
-        text = tokenizer.bos_token + "".join("".join(problem(rng)) for _ in range(PROBLEMS_PER_SEQ))
-        ids = tokenizer(text).input_ids
-        rows.append({"input_ids": ids, "labels": ids})
+        ids, labels = [tokenizer.bos_token_id], [-100]
+        for _ in range(PROBLEMS_PER_SEQ):
+            question, answer = (tokenizer(s).input_ids for s in problem(rng))
+            ids += question + answer
+            labels += [-100] * len(question) + answer
+        rows.append({"input_ids": ids, "labels": labels})
     return rows
 
 
@@ -100,7 +104,7 @@ def main() -> int:
 
     tokenizer = make_tokenizer()
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512,
-                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                          max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
                          pad_token_id=0)
     model = LlamaForCausalLM(config).to("axon")
@@ -112,7 +116,7 @@ def main() -> int:
     seq_len = len(train[0]["input_ids"])
     args = TrainingArguments(  # nothing device-related: the Trainer picks axon itself
         output_dir=str(OUT / "trainer"), max_steps=STEPS, per_device_train_batch_size=BATCH,
-        learning_rate=3e-3, warmup_steps=STEPS // 10, lr_scheduler_type="cosine",
+        learning_rate=1e-3, warmup_steps=STEPS // 10, lr_scheduler_type="cosine",
         weight_decay=0.0, logging_steps=10, save_strategy="no", report_to="none", seed=SEED,
         disable_tqdm=False)
     where = WhereIsTraining()

@@ -60,14 +60,6 @@ def to_cpu(x):
     return x
 
 
-def to_axon(x, device=AXON):
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, (list, tuple)):
-        return type(x)(to_axon(e, device) for e in x)
-    return x
-
-
 def assert_on_axon(x, index: int | None = None):
     """Every tensor in (nested) x lives on axon (on axon:index if given)."""
     if isinstance(x, torch.Tensor):

@@ -289,3 +289,41 @@ def test_per_device_state_is_independent():
     torch.axon.synchronize(1)
     assert s1.query()
     assert_same(a + 1, torch.full((3,), 2.0))
+
+
+def test_moving_to_the_same_device_returns_self():
+    a = torch.ones(3, device="axon")
+    assert a.axon() is a and a.to("axon") is a and a.to("axon:0") is a
+    b = a.to("axon:1")
+    assert b is not a and b.device.index == 1
+
+
+def test_current_device_is_per_thread():
+    import threading
+
+    seen = []
+
+    def other():
+        seen.append(torch.axon.current_device())
+        torch.axon.set_device(5)
+        seen.append(torch.ones(1, device="axon").device.index)
+
+    torch.axon.set_device(2)
+    th = threading.Thread(target=other)
+    th.start()
+    th.join()
+    assert seen == [0, 5]  # a new thread starts on axon:0
+    assert torch.axon.current_device() == 2  # unaffected by the other thread
+    torch.axon.set_device(0)
+
+
+def test_repr_and_numpy():
+    a = torch.tensor([1.5, -2.0]).axon()
+    assert "device='axon:0'" in repr(a)
+    with pytest.raises(TypeError, match="axon:0.*Tensor.cpu"):
+        a.numpy()
+    import numpy as np
+
+    n = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert_same(torch.from_numpy(n).axon(), torch.from_numpy(n))
+    assert np.array_equal(a.cpu().numpy(), np.array([1.5, -2.0], dtype=np.float32))

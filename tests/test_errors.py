@@ -83,9 +83,6 @@ def test_invalid_device_index_message(entry):
     assert torch.axon.current_device() == 0  # nothing changed
 
 
-@pytest.mark.xfail(strict=True, reason="torch.axon.get_rng_state/set_rng_state index "
-                   "default_generators unchecked: axon:9 raises IndexError('tuple index out "
-                   "of range'), -1 silently uses axon:7's generator")
 @pytest.mark.parametrize("index", [9, -1])
 def test_invalid_device_index_rng_state(index):
     with pytest.raises(RuntimeError, match="Invalid device index"):
@@ -332,3 +329,19 @@ def test_fallback_warn_env_warns_once_per_op():
     assert lines[0] == "2", lines
     assert any("aten::sin" in m and "has no axon kernel" in m and "CPU" in m for m in lines[1:])
     assert any("aten::cos" in m for m in lines[1:])
+
+
+def test_errors_of_several_streams_are_each_reported_once():
+    s1, s2 = torch.axon.Stream(), torch.axon.Stream()
+    with torch.axon.stream(s1):
+        inject(0, "first stream failed")
+    with torch.axon.stream(s2):
+        inject(0, "second stream failed")
+    seen = []
+    for _ in range(2):
+        with pytest.raises(RuntimeError) as e:
+            torch.axon.synchronize()
+        seen.append("first" if "first stream failed" in str(e.value) else
+                    "second" if "second stream failed" in str(e.value) else str(e.value))
+    assert sorted(seen) == ["first", "second"]
+    torch.axon.synchronize()  # nothing left

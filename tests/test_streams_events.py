@@ -52,8 +52,6 @@ def test_priorities_accepted_and_kept_apart():
     assert_same(y, x * 3)
 
 
-@pytest.mark.xfail(strict=True, reason="torch.axon.Stream has no .priority attribute "
-                   "(torch.cuda.Stream.priority exists)")
 def test_stream_priority_attribute():
     assert torch.axon.Stream(priority=-1).priority < 0
     assert torch.axon.Stream().priority == 0
@@ -264,3 +262,51 @@ def test_events_on_another_device():
     assert not e.query()
     e.synchronize()
     assert e.query()
+
+
+def test_event_recorded_on_another_devices_stream_message():
+    e = torch.axon.Event()
+    e.record()  # bound to axon:0
+    with pytest.raises(RuntimeError) as err:
+        e.record(torch.axon.Stream(device=1))
+    assert "Event device index 0 does not match recording stream's device index 1" in str(err.value)
+
+
+def test_event_recorded_on_another_devices_stream_raises():
+    e = torch.axon.Event()
+    e.record()
+    with pytest.raises(RuntimeError, match="Event device index"):
+        e.record(torch.axon.Stream(device=1))
+
+
+@pytest.mark.parametrize("wait", ["torch.axon.synchronize", "stream.synchronize",
+                                  "event.synchronize", "item"])
+def test_blocking_waits_release_the_gil(wait):
+    # Another Python thread must run while the host waits for the device.
+    ticks = []
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks.append(1)
+            stop.wait(0.005)
+
+    x = torch.zeros(1, device="axon")
+    torch.axon.synchronize()
+    sleep_on_stream(0, 300)
+    th = threading.Thread(target=spin)
+    th.start()
+    try:
+        if wait == "torch.axon.synchronize":
+            torch.axon.synchronize()
+        elif wait == "stream.synchronize":
+            torch.axon.current_stream().synchronize()
+        elif wait == "event.synchronize":
+            torch.axon.current_stream().record_event().synchronize()
+        else:
+            x.item()
+        n = len(ticks)
+    finally:
+        stop.set()
+        th.join()
+    assert n >= 10, f"the other thread ran only {n} times during a 300 ms wait"

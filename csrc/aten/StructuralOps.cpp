@@ -30,6 +30,8 @@ at::Tensor hostView(const at::Tensor& t, bool resizable) {
       std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
       t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  impl->_set_conj(t.is_conj());
+  impl->_set_neg(t.is_neg());
   return at::Tensor(std::move(impl));
 }
 
@@ -106,6 +108,26 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   c10::DeviceGuard guard(c10::Device(kAxon, target_index(device)));
   return at::detail::empty_strided_generic(size, stride, getCachingAllocator(),
                                            kAxonKeys, c10::dtype_or_default(dtype));
+}
+
+// Zero tensors own no memory: their data pointer is null by design.
+struct NullAllocator final : c10::Allocator {
+  explicit NullAllocator(c10::Device d) : device(d) {}
+  c10::DataPtr allocate(size_t) override { return {nullptr, device}; }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void*, const void*, std::size_t) const override {}
+  c10::Device device;
+};
+
+at::Tensor efficientzerotensor(c10::IntArrayRef size,
+                               std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> /*layout*/,
+                               std::optional<c10::Device> device,
+                               std::optional<bool> /*pin_memory*/) {
+  NullAllocator allocator(c10::Device(kAxon, target_index(device)));
+  return at::detail::empty_generic(size, &allocator,
+                                   kAxonKeys | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor),
+                                   c10::dtype_or_default(dtype), std::nullopt);
 }
 
 // ------------------------------------------------------------ views
@@ -192,9 +214,23 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 // ------------------------------------------------------------ copies
 
+// When the bytes of one can simply be copied into the other.
 bool same_dense_layout(const at::Tensor& a, const at::Tensor& b) {
   return a.dtype() == b.dtype() && a.strides() == b.strides() &&
-         a.is_non_overlapping_and_dense() && b.is_non_overlapping_and_dense();
+         a.is_conj() == b.is_conj() && a.is_neg() == b.is_neg() &&
+         !a._is_zerotensor() && a.is_non_overlapping_and_dense() &&
+         b.is_non_overlapping_and_dense();
+}
+
+// Cross-device copies run on the destination's stream; later work on the
+// source device (overwriting or freeing the source) must wait for them.
+void order_source_after_copy(c10::DeviceIndex src_device, rt::Stream dst_stream) {
+  rt_call([&] {
+    rt::Event* done = rt::event_create(dst_stream.device);
+    rt::event_record(done, dst_stream);
+    rt::stream_wait_event(current_rt_stream(src_device), done);
+    rt::event_destroy(done);
+  });
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -216,14 +252,20 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       // A blocking host copy means the host buffer may be reused on return.
       if (!non_blocking && (src.is_cpu() || dst.is_cpu())) rt::stream_synchronize(s);
     });
+    if (src_axon && dst_axon && src.device() != dst.device()) {
+      order_source_after_copy(src.device().index(), s);
+    }
     return dst;
   }
   // Dtype conversion or a strided layout: the CPU copy kernel over host views.
   if (src_axon) syncCurrentStream(src.device().index());
   if (dst_axon) syncCurrentStream(dst.device().index());
   at::Tensor d = dst_axon ? hostView(dst) : dst;
-  at::Tensor s = src_axon ? hostView(src) : src;
-  d.copy_(s);
+  if (src._is_zerotensor()) {
+    d.zero_();
+  } else {
+    d.copy_(src_axon ? hostView(src) : src);
+  }
   return dst;
 }
 
@@ -236,6 +278,21 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
+// param.data = tensor (and so Module.to(), which keeps tied Parameters tied)
+// needs CPU and axon dense tensors to be interchangeable, as CPU and CUDA are.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && !t.is_quantized() &&
+           (t.is_cpu() || t.device().type() == kAxon);
+  };
+  return (dense(self) && dense(from)) ||
+         self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  getCachingAllocator()->recordStream(self.storage().data_ptr(), stream);
+}
+
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
   syncCurrentStream(self.device().index());
   return hostView(self).item();
@@ -244,6 +301,7 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
+  m.impl("_efficientzerotensor", efficientzerotensor);
   m.impl("as_strided", as_strided);
   m.impl("view", view);
   m.impl("_reshape_alias", reshape_alias);
@@ -255,6 +313,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", copy_from);
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("record_stream", record_stream);
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+}
+
+// copy_ hands axon copies to _copy_from, which handles the conjugate and
+// negative bits itself (host views keep them); materialising them first would
+// recurse through clone() -> copy_ -> _copy_from.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
 }
 
 }  // namespace

@@ -70,9 +70,9 @@ struct AxonGuardImpl final : public c10::impl::DeviceGuardImplInterface {
               const c10::DeviceIndex device_index,
               const c10::EventFlag) const override {
     TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
-                "Event device index ", device_index,
+                "Event device index ", static_cast<int>(device_index),
                 " does not match recording stream's device index ",
-                stream.device_index(), ".");
+                static_cast<int>(stream.device_index()), ".");
     rt_call([&] {
       if (*event == nullptr) *event = rt::event_create(stream.device_index());
       rt::event_record(as_event(*event), to_rt(stream));

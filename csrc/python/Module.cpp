@@ -76,6 +76,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_get_device_properties", &device_properties);
   m.def("_launch_blocking", [] { return rt::launch_blocking(); });
+  m.def("_in_bad_fork", [] { return rt::in_bad_fork(); });
+  m.def("_check_device", [](int d) { check_device(static_cast<c10::DeviceIndex>(d)); });
+  m.def("_stream_priority", [](int d, int64_t id) {
+    return rt_call([&] { return rt::stream_priority(rt::Stream{d, id}); });
+  });
   m.def("_default_generators", &default_generators);
   m.def("_fallback_stats", [] { return fallbackStats(); });
   m.def("_reset_fallback_stats", [] { resetFallbackStats(); });

@@ -1,5 +1,7 @@
 #include "device.h"
 
+#include <pthread.h>
+
 #include <chrono>
 #include <mutex>
 #include <vector>
@@ -49,6 +51,11 @@ struct WorkerReaper {
 
 thread_local int t_current_device = 0;
 
+std::atomic<bool> g_used{false};      // a device was created in this process
+std::atomic<bool> g_bad_fork{false};  // we are a fork child of such a process
+
+void mark_fork_child() { g_bad_fork.store(g_used.load()); }
+
 }  // namespace
 
 Device::Device(int index, size_t capacity) : index(index), capacity(capacity) {
@@ -58,11 +65,20 @@ Device::Device(int index, size_t capacity) : index(index), capacity(capacity) {
 
 Device& device(int d) {
   check_device(d);
+  if (g_bad_fork.load(std::memory_order_relaxed)) {
+    throw Error(
+        "axon: cannot use an axon device in a forked subprocess: the device's "
+        "worker threads do not survive fork(). Use the 'spawn' start method "
+        "(torch.multiprocessing.set_start_method('spawn')).");
+  }
   Registry& reg = registry();
   if (Device* dev = reg.slots[d].load(std::memory_order_acquire)) return *dev;
   std::lock_guard lk(reg.create_mu);
   if (Device* dev = reg.slots[d].load(std::memory_order_acquire)) return *dev;
   static WorkerReaper reaper;  // armed before the first worker can exist
+  static const int fork_hook = pthread_atfork(nullptr, nullptr, &mark_fork_child);
+  (void)fork_hook;
+  g_used.store(true);
   auto* dev = new Device(d, config().device_memory);
   if (reg.shut_down)
     for (auto& s : dev->streams) s->request_stop();
@@ -78,6 +94,8 @@ Device* created_device(int d) noexcept {
 int device_count() noexcept { return config().device_count; }
 
 bool launch_blocking() noexcept { return config().launch_blocking; }
+
+bool in_bad_fork() noexcept { return g_bad_fork.load(); }
 
 void check_device(int d) {
   const int n = device_count();

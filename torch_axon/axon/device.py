@@ -38,7 +38,8 @@ def _lazy_init() -> None:
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    """True in a fork() child of a process that used axon (the device is unusable there)."""
+    return _C._in_bad_fork()
 
 
 def device_count() -> int:

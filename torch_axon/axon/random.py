@@ -16,7 +16,9 @@ default_generators: tuple[torch.Generator, ...] = _C._default_generators()
 
 
 def _generator(device=None) -> torch.Generator:
-    return default_generators[_get_device_index(device, optional=True)]
+    index = _get_device_index(device, optional=True)
+    _C._check_device(index)
+    return default_generators[index]
 
 
 def manual_seed(seed: int) -> None:

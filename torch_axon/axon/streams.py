@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _C
 from .device import _get_device_index, current_device
 
 __all__ = ["Stream", "Event", "current_stream", "default_stream", "set_stream",
@@ -21,6 +22,11 @@ class Stream(torch.Stream):
             return super().__new__(cls, **kwargs)
         index = _get_device_index(device, optional=True)
         return super().__new__(cls, device=torch.device("axon", index), priority=priority)
+
+    @property
+    def priority(self) -> int:
+        """0 for normal, -1 for high priority."""
+        return _C._stream_priority(self.device_index, self.stream_id)
 
     def wait_stream(self, stream: torch.Stream) -> None:
         self.wait_event(stream.record_event())

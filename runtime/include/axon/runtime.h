@@ -88,6 +88,11 @@ void set_device(int device);
 
 bool launch_blocking() noexcept;
 
+// True in a child created by fork() after this process had started using a
+// device: the device's worker threads do not survive fork, so every device
+// call in such a child throws Error (use the "spawn" start method instead).
+bool in_bad_fork() noexcept;
+
 // ---------------------------------------------------------------- memory
 
 // Allocates `bytes` (64-byte aligned) of device memory.  Throws

@@ -1,0 +1,307 @@
+"""Random numbers on axon: seeding, reproducibility, generator state, explicit
+generators, and the statistics of the common random ops.
+
+Statistical bounds are 6 standard errors of the estimate for the sample size,
+so a correct generator fails them with probability < 1e-8 (and every test is
+seeded, hence deterministic)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import FLOAT_DTYPES
+
+N = 20000  # samples for statistics
+Z = 6.0    # standard errors allowed
+
+
+def draws(seed, device="axon"):
+    torch.manual_seed(seed)
+    return [torch.randn(50, device=device).cpu(), torch.rand(7, 3, device=device).cpu(),
+            torch.randint(0, 1000, (20,), device=device).cpu(),
+            torch.randperm(30, device=device).cpu()]
+
+
+def test_manual_seed_reproducible():
+    a, b = draws(123), draws(123)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+def test_different_seeds_differ():
+    a, b = draws(1), draws(2)
+    for x, y in zip(a, b):
+        assert not torch.equal(x, y)
+
+
+def test_successive_draws_differ():
+    torch.manual_seed(5)
+    x, y = torch.rand(100, device="axon"), torch.rand(100, device="axon")
+    assert not torch.equal(x.cpu(), y.cpu())
+
+
+def test_torch_axon_manual_seed_and_seed_functions():
+    torch.axon.manual_seed(7)
+    assert torch.axon.initial_seed() == 7
+    x = torch.rand(10, device="axon").cpu()
+    torch.axon.manual_seed(7)
+    torch.testing.assert_close(torch.rand(10, device="axon").cpu(), x, rtol=0, atol=0)
+    torch.axon.manual_seed_all(9)
+    assert all(torch.axon.get_rng_state(i)[:8].view(torch.int64).item() == 9
+               for i in range(torch.axon.device_count()))
+    torch.axon.seed()
+    s = torch.axon.initial_seed()
+    torch.axon.seed()
+    assert torch.axon.initial_seed() != s  # fresh non-deterministic seeds
+
+
+def test_torch_manual_seed_seeds_every_axon_device():
+    torch.manual_seed(11)
+    assert [torch.axon.default_generators[i].initial_seed()
+            for i in range(torch.axon.device_count())] == [11] * torch.axon.device_count()
+    x1 = torch.rand(5, device="axon:1").cpu()
+    torch.manual_seed(11)
+    torch.testing.assert_close(torch.rand(5, device="axon:1").cpu(), x1, rtol=0, atol=0)
+
+
+def test_devices_have_independent_generators():
+    torch.manual_seed(3)
+    a0 = torch.rand(8, device="axon:0").cpu()
+    a1 = torch.rand(8, device="axon:1").cpu()
+    # same seed and same position: each device starts the same sequence
+    torch.testing.assert_close(a0, a1, rtol=0, atol=0)
+    # drawing on axon:0 does not advance axon:1
+    torch.manual_seed(3)
+    torch.rand(8, device="axon:0")
+    torch.rand(8, device="axon:0")
+    torch.testing.assert_close(torch.rand(8, device="axon:1").cpu(), a1, rtol=0, atol=0)
+
+
+def test_rng_state_round_trip():
+    torch.manual_seed(21)
+    torch.rand(4, device="axon")
+    state = torch.axon.get_rng_state()
+    assert state.dtype == torch.uint8 and state.shape == (16,) and state.device.type == "cpu"
+    x = [torch.randn(6, device="axon").cpu(), torch.bernoulli(torch.full((9,), 0.5, device="axon")).cpu()]
+    assert not torch.equal(torch.axon.get_rng_state(), state)  # the offset advanced
+    torch.axon.set_rng_state(state)
+    y = [torch.randn(6, device="axon").cpu(), torch.bernoulli(torch.full((9,), 0.5, device="axon")).cpu()]
+    for a, b in zip(x, y):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # per-device state, and the _all variants
+    states = torch.axon.get_rng_state_all()
+    assert len(states) == torch.axon.device_count()
+    z = torch.rand(3, device="axon:2").cpu()
+    torch.axon.set_rng_state_all(states)
+    torch.testing.assert_close(torch.rand(3, device="axon:2").cpu(), z, rtol=0, atol=0)
+    torch.axon.set_rng_state(torch.axon.get_rng_state("axon:2"), "axon:2")
+
+
+def test_set_rng_state_validates():
+    with pytest.raises(RuntimeError, match="16 bytes"):
+        torch.axon.set_rng_state(torch.zeros(8, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="ByteTensor"):
+        torch.axon.set_rng_state(torch.zeros(16, dtype=torch.float32))
+
+
+def test_explicit_generator():
+    g = torch.Generator(device="axon")
+    assert g.device == torch.device("axon:0")
+    g.manual_seed(99)
+    assert g.initial_seed() == 99
+    x = torch.rand(10, device="axon", generator=g).cpu()
+    y = torch.randn(10, device="axon", generator=g).cpu()
+    g.manual_seed(99)
+    torch.testing.assert_close(torch.rand(10, device="axon", generator=g).cpu(), x, rtol=0, atol=0)
+    torch.testing.assert_close(torch.randn(10, device="axon", generator=g).cpu(), y, rtol=0, atol=0)
+    # an explicit generator does not touch the default one
+    torch.manual_seed(0)
+    d1 = torch.rand(5, device="axon").cpu()
+    torch.manual_seed(0)
+    torch.rand(5, device="axon", generator=g)
+    torch.testing.assert_close(torch.rand(5, device="axon").cpu(), d1, rtol=0, atol=0)
+    # state of a generator
+    st = g.get_state()
+    a = torch.rand(4, device="axon", generator=g).cpu()
+    g.set_state(st)
+    torch.testing.assert_close(torch.rand(4, device="axon", generator=g).cpu(), a, rtol=0, atol=0)
+    g1 = torch.Generator(device="axon:1")
+    assert g1.device == torch.device("axon:1")
+
+
+@pytest.mark.parametrize("op", ["normal_", "uniform_", "bernoulli_", "exponential_",
+                                "random_", "dropout", "multinomial", "randperm"])
+def test_generator_reproduces_each_op(op):
+    g = torch.Generator(device="axon")
+
+    def run():
+        g.manual_seed(1234)
+        t = torch.empty(64, device="axon")
+        if op == "normal_":
+            return t.normal_(2, 3, generator=g)
+        if op == "uniform_":
+            return t.uniform_(-1, 1, generator=g)
+        if op == "bernoulli_":
+            return t.bernoulli_(0.3, generator=g)
+        if op == "exponential_":
+            return t.exponential_(2.0, generator=g)
+        if op == "random_":
+            return t.random_(0, 10, generator=g)
+        if op == "dropout":
+            torch.manual_seed(1234)  # dropout uses the default generator
+            return F.dropout(torch.ones(64, device="axon"), 0.5)
+        if op == "multinomial":
+            return torch.multinomial(torch.ones(64, device="axon"), 10, generator=g)
+        return torch.randperm(64, device="axon", generator=g)
+
+    torch.testing.assert_close(run().cpu(), run().cpu(), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- statistics
+
+def assert_mean_std(x, mean, std):
+    """Sample mean/std of x (axon) agree with the distribution's within Z SE."""
+    assert x.device.type == "axon"
+    x = x.cpu().double()
+    n = x.numel()
+    se_mean = std / math.sqrt(n)
+    assert abs(x.mean().item() - mean) < Z * se_mean, (x.mean().item(), mean)
+    # SE of the sample variance for these (light-tailed) distributions <= 2*var/sqrt(n)
+    se_var = 2 * std ** 2 / math.sqrt(n)
+    assert abs(x.var().item() - std ** 2) < Z * se_var, (x.var().item(), std ** 2)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_normal_statistics(dtype):
+    torch.manual_seed(100)
+    x = torch.empty(N, device="axon", dtype=dtype).normal_(1.5, 2.0)
+    assert x.dtype == dtype
+    assert_mean_std(x, 1.5, 2.0)
+    assert_mean_std(torch.randn(N, device="axon", dtype=dtype), 0.0, 1.0)
+    m = torch.normal(torch.full((N,), -1.0, device="axon"), torch.full((N,), 0.5, device="axon"))
+    assert_mean_std(m, -1.0, 0.5)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_uniform_statistics(dtype):
+    torch.manual_seed(101)
+    x = torch.empty(N, device="axon", dtype=dtype).uniform_(-2, 4)
+    xc = x.cpu()
+    assert xc.min() >= -2 and xc.max() <= 4
+    assert_mean_std(x, 1.0, 6 / math.sqrt(12))
+    r = torch.rand(N, device="axon", dtype=dtype)
+    assert r.cpu().min() >= 0 and r.cpu().max() < 1
+    assert_mean_std(r, 0.5, 1 / math.sqrt(12))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_bernoulli_statistics(p):
+    torch.manual_seed(102)
+    x = torch.bernoulli(torch.full((N,), p, device="axon"))
+    assert set(x.cpu().unique().tolist()) <= {0.0, 1.0}
+    assert_mean_std(x, p, math.sqrt(p * (1 - p)))
+    y = torch.empty(N, device="axon", dtype=torch.bfloat16).bernoulli_(p)
+    assert_mean_std(y, p, math.sqrt(p * (1 - p)))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("p", [0.2, 0.5])
+def test_dropout(dtype, p):
+    torch.manual_seed(103)
+    x = torch.full((N,), 2.0, device="axon", dtype=dtype)
+    y = F.dropout(x, p, training=True).cpu().float()
+    kept = y != 0
+    # kept elements are scaled by 1/(1-p), exactly as on the CPU
+    # the kept value as the CPU computes it in this dtype
+    expected_scale = F.dropout(torch.full((100,), 2.0, dtype=dtype), p).float().max().item()
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], expected_scale), rtol=0, atol=0)
+    frac = kept.double().mean().item()
+    assert abs(frac - (1 - p)) < Z * math.sqrt(p * (1 - p) / N)
+    # eval mode is the identity; the module form works
+    torch.testing.assert_close(F.dropout(x, p, training=False).cpu(), x.cpu(), rtol=0, atol=0)
+    m = torch.nn.Dropout(p).axon()
+    assert (m(x).cpu() == 0).any()
+
+
+def test_randperm():
+    torch.manual_seed(104)
+    for n in (0, 1, 7, 1000):
+        r = torch.randperm(n, device="axon")
+        assert r.device.type == "axon" and r.dtype == torch.int64
+        assert torch.equal(r.cpu().sort().values, torch.arange(n))
+    # every position is uniformly distributed: position 0 over 2000 perms of 10
+    firsts = torch.stack([torch.randperm(10, device="axon")[0] for _ in range(2000)]).cpu()
+    counts = torch.bincount(firsts, minlength=10).double()
+    expected = 200.0
+    assert ((counts - expected).abs() < Z * math.sqrt(expected)).all(), counts
+
+
+def test_multinomial():
+    torch.manual_seed(105)
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    s = torch.multinomial(probs.axon(), N, replacement=True)
+    assert s.device.type == "axon"
+    freq = torch.bincount(s.cpu(), minlength=4).double() / N
+    se = torch.sqrt(probs.double() * (1 - probs.double()) / N)
+    assert ((freq - probs.double()).abs() < Z * se).all(), freq
+    # without replacement: distinct indices, never a zero-probability one
+    w = torch.tensor([[0.0, 1, 2, 3, 4], [5, 0, 1, 1, 0]], device="axon")
+    d = torch.multinomial(w, 3).cpu()
+    for row, weights in zip(d, w.cpu()):
+        assert len(set(row.tolist())) == 3
+        assert all(weights[i] > 0 for i in row.tolist())
+
+
+def test_randint_and_random_ranges():
+    torch.manual_seed(106)
+    r = torch.randint(-3, 5, (N,), device="axon")
+    rc = r.cpu()
+    assert rc.min() == -3 and rc.max() == 4
+    counts = torch.bincount(rc + 3).double()
+    assert ((counts - N / 8).abs() < Z * math.sqrt(N / 8)).all()
+    b = torch.empty(1000, dtype=torch.bool, device="axon").random_()
+    assert 0 < b.cpu().sum() < 1000
+
+
+def test_exponential_statistics():
+    torch.manual_seed(107)
+    x = torch.empty(N, device="axon").exponential_(2.0)
+    assert (x.cpu() >= 0).all()
+    xc = x.cpu().double()
+    assert abs(xc.mean().item() - 0.5) < Z * 0.5 / math.sqrt(N)
+
+
+def test_fork_rng_restores_axon_state():
+    torch.manual_seed(12)
+    torch.rand(3, device="axon")
+    expected = torch.rand(3, device="axon").cpu()
+    torch.manual_seed(12)
+    torch.rand(3, device="axon")
+    with torch.random.fork_rng(devices=[0], device_type="axon"):
+        torch.rand(100, device="axon")
+    torch.testing.assert_close(torch.rand(3, device="axon").cpu(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_checkpoint_recomputes_the_same_dropout_mask(use_reentrant):
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8).axon()
+
+    def f(x):
+        return (F.dropout(lin(x), 0.5, training=True) ** 2).sum()
+
+    x0 = torch.randn(4, 8)
+    grads = []
+    for ckpt in (False, True):
+        x = x0.axon().requires_grad_()
+        torch.manual_seed(1)
+        y = checkpoint(f, x, use_reentrant=use_reentrant) if ckpt else f(x)
+        y.backward()
+        grads.append((y.detach().cpu(), x.grad.cpu()))
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    # dropout really was random: another draw gives another loss
+    assert not torch.equal(f(x0.axon()).detach().cpu(), grads[0][0])
