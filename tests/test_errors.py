@@ -345,3 +345,25 @@ def test_errors_of_several_streams_are_each_reported_once():
                     "second" if "second stream failed" in str(e.value) else str(e.value))
     assert sorted(seen) == ["first", "second"]
     torch.axon.synchronize()  # nothing left
+
+
+def test_forked_child_gets_a_clear_error():
+    # The device's worker threads do not survive fork(): a child must be told
+    # so (like CUDA's "Cannot re-initialize CUDA in forked subprocess").
+    r = run_python("""
+        import os, torch
+        x = torch.ones(4, device="axon") * 2          # the parent uses the device
+        pid = os.fork()
+        if pid == 0:
+            ok = torch.axon._is_in_bad_fork()
+            try:
+                torch.ones(1, device="axon")
+                os._exit(3)
+            except RuntimeError as e:
+                os._exit(0 if ok and "forked subprocess" in str(e) else 4)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status), "parent", x.sum().item(),
+              torch.axon._is_in_bad_fork())
+    """)
+    assert r.returncode == 0, r.stderr[-500:]
+    assert r.stdout.split() == ["child", "0", "parent", "8.0", "False"], r.stdout
