@@ -22,7 +22,8 @@ from accelerate import Accelerator  # noqa: E402
 from accelerate.state import AcceleratorState, PartialState  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
-PATCHES = [hf_accelerate.partial_state_default_device, hf_transformers.training_args_setup_devices]
+PATCHES = [hf_accelerate.partial_state_default_device, hf_transformers.training_args_setup_devices,
+           hf_transformers.training_args_bf16_available]
 
 
 @pytest.fixture(autouse=True)
@@ -86,6 +87,17 @@ def test_training_args_accelerate_use_cpu_env(tmp_path, monkeypatch):
     assert _args(tmp_path).device == torch.device("cpu")
 
 
+def test_training_args_bf16_on_axon(tmp_path):
+    """bf16=True is accepted (upstream only asks cuda, xpu, npu, ...) and Accelerate autocasts on axon."""
+    args = _args(tmp_path, bf16=True)
+    assert args.device.type == "axon"
+    accelerator = Accelerator(mixed_precision="bf16")
+    assert accelerator.native_amp
+    with accelerator.autocast():
+        y = torch.ones(2, 3, device="axon") @ torch.ones(3, 2, device="axon")
+    assert y.dtype == torch.bfloat16 and y.device.type == "axon"
+
+
 def test_training_args_after_use_cpu_run(tmp_path):
     """A CPU run resets Accelerate's state; the next default run is on axon again."""
     assert _args(tmp_path / "a", use_cpu=True).device.type == "cpu"
@@ -95,37 +107,64 @@ def test_training_args_after_use_cpu_run(tmp_path):
 # ------------------------------------------------------------ the patches themselves
 
 
+def _unwrap(obj):
+    """The function behind a property, a cached_property or a plain function."""
+    for attr in ("fget", "func"):
+        if hasattr(obj, attr):
+            return getattr(obj, attr)
+    return obj
+
+
+def _resolve(dotted: str):
+    """(module name, object) for ``package.module.Class.attribute``, looked up in class dicts."""
+    parts = dotted.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            obj = obj.__dict__[name]
+        return ".".join(parts[:i]), obj
+    raise LookupError(dotted)
+
+
 def test_patches_are_installed():
     assert PartialState.default_device.fget._axon_patch
     assert TrainingArguments.__dict__["_setup_devices"].func._axon_patch
+    assert training_args.is_torch_bf16_gpu_available._axon_patch
 
 
 def test_patches_are_idempotent(tmp_path):
     default_device = PartialState.__dict__["default_device"]
     setup_devices = TrainingArguments.__dict__["_setup_devices"]
+    bf16_available = training_args.is_torch_bf16_gpu_available
     for _ in range(2):
         hf_accelerate.partial_state_default_device(accelerate_state)
         hf_transformers.training_args_setup_devices(training_args)
+        hf_transformers.training_args_bf16_available(training_args)
         _hooks._apply(accelerate_state)
         _hooks._apply(training_args)
         _hooks.install()
     assert PartialState.__dict__["default_device"] is default_device
     assert TrainingArguments.__dict__["_setup_devices"] is setup_devices
+    assert training_args.is_torch_bf16_gpu_available is bf16_available
     assert PartialState().device.type == "axon"
     assert _args(tmp_path).device.type == "axon"
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.__name__)
 def test_patch_docstring_names_upstream_function(patch):
-    """The docstring names ``module.Class.attribute`` of the patched function, and it exists."""
+    """The docstring's first line names the patched upstream function, which exists, is the one
+    this patch replaced, and lives in the module the patch is registered for."""
     doc = patch.__doc__ or ""
-    match = re.search(r"``((?:\w+\.)+\w+)``", doc)
-    assert match, f"{patch.__name__}: no ``upstream.name`` in its docstring"
-    module_name, cls_name, attr = match.group(1).rsplit(".", 2)
+    match = re.match(r"Patch ``((?:\w+\.)+\w+)``", doc)
+    assert match, f"{patch.__name__}: the docstring does not start with Patch ``upstream.name``"
+    module_name, target = _resolve(match.group(1))
     assert patch in _hooks._patches[module_name]
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    assert attr in cls.__dict__
-    assert "cpu" in doc.lower(), "the docstring should describe the hard-coded device list"
+    assert _unwrap(target)._axon_patch
+    assert re.search(r"\b(cuda|mps|xpu|npu)\b.*\b(cuda|mps|xpu|npu)\b", doc, re.S), \
+        "the docstring should name the hard-coded device list"
 
 
 def _fake_accelerate(device: str) -> types.ModuleType:
@@ -155,6 +194,12 @@ def _fake_transformers(device: str) -> types.ModuleType:
     return module
 
 
+def _fake_bf16(answer: bool) -> types.ModuleType:
+    module = types.ModuleType("fake_training_args")
+    module.is_torch_bf16_gpu_available = lambda: answer
+    return module
+
+
 @pytest.mark.parametrize("device", ["axon:0", "cuda:0", "mps"])
 def test_patches_keep_non_cpu_upstream_answers(device):
     """Once upstream returns axon (or any device but the CPU), the wrappers change nothing."""
@@ -167,6 +212,20 @@ def test_patches_keep_non_cpu_upstream_answers(device):
     hf_transformers.training_args_setup_devices(fake)
     assert fake.TrainingArguments.__dict__["_setup_devices"].func._axon_patch
     assert fake.TrainingArguments()._setup_devices == torch.device(device)
+
+
+def test_bf16_patch_keeps_upstream_yes(monkeypatch):
+    fake = _fake_bf16(True)
+    hf_transformers.training_args_bf16_available(fake)
+    assert fake.is_torch_bf16_gpu_available._axon_patch
+    monkeypatch.setattr(torch.axon, "is_bf16_supported", lambda *a, **k: False)
+    assert fake.is_torch_bf16_gpu_available() is True
+
+    fake = _fake_bf16(False)
+    hf_transformers.training_args_bf16_available(fake)
+    assert fake.is_torch_bf16_gpu_available() is False  # axon's answer, monkeypatched
+    monkeypatch.undo()
+    assert fake.is_torch_bf16_gpu_available() is True
 
 
 def test_patches_replace_only_the_final_cpu():

@@ -41,8 +41,11 @@ def tiny_config(**kw) -> LlamaConfig:
 
 @pytest.fixture(scope="module")
 def cpu_model() -> LlamaForCausalLM:
+    """Tied input/output embeddings (as Qwen3 and Gemma have): moving to axon must keep them tied."""
     torch.manual_seed(0)
-    return LlamaForCausalLM(tiny_config()).eval()
+    model = LlamaForCausalLM(tiny_config(tie_word_embeddings=True)).eval()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    return model
 
 
 def dataset() -> list[dict]:
@@ -103,6 +106,7 @@ def test_trainer_trains_on_axon(cpu_model, tmp_path):
     assert where.grads == {"axon"}
     assert where.opt_state == {"axon"}
     assert next(trainer.model.parameters()).device.type == "axon"
+    assert trainer.model.lm_head.weight is trainer.model.model.embed_tokens.weight
 
 
 def test_trainer_loss_matches_cpu(cpu_model, tmp_path):
@@ -119,6 +123,19 @@ def test_trainer_loss_matches_cpu(cpu_model, tmp_path):
         torch.testing.assert_close(w.cpu(), cpu_weights[name], **WEIGHT_TOL, msg=name)
 
 
+def test_trainer_bf16_autocasts_on_axon(cpu_model, tmp_path):
+    """bf16=True: float32 master weights on axon, bfloat16 matmuls under axon autocast."""
+    model = copy.deepcopy(cpu_model)
+    dtypes = set()
+    model.model.layers[0].mlp.up_proj.register_forward_hook(lambda m, i, out: dtypes.add(out.dtype))
+    trainer, where = train(model, tmp_path, bf16=True)
+    assert trainer.args.device.type == "axon"
+    assert where.params == where.grads == where.opt_state == {"axon"}
+    assert dtypes == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert trainer.step_losses[-1] < trainer.step_losses[0]
+
+
 def test_greedy_generate_matches_cpu(cpu_model):
     axon_model = copy.deepcopy(cpu_model).to("axon")
     prompts = torch.tensor([[1, 5, 9, 14, 3], [0, 0, 1, 7, 7]])  # second row left-padded
@@ -131,11 +148,14 @@ def test_greedy_generate_matches_cpu(cpu_model):
     assert torch.equal(got.cpu(), expected)
 
 
-@pytest.mark.xfail(strict=True, reason="axon lacks a _has_compatible_shallow_copy_type kernel: "
-                   "Module.to('axon') makes new Parameters, which unties shared weights")
-def test_to_axon_keeps_tied_weights():
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_config(tie_word_embeddings=True))
-    assert model.lm_head.weight is model.model.embed_tokens.weight
+def test_to_axon_keeps_tied_weights(cpu_model):
+    """Module.to() keeps Parameter objects (param.data = ...) when CPU and axon tensors are
+    shallow-copy compatible; otherwise it makes new Parameters and unties shared weights."""
+    model = copy.deepcopy(cpu_model)
+    params = {name: id(p) for name, p in model.named_parameters()}
     model.to("axon")
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.weight.device.type == "axon"
+    assert {name: id(p) for name, p in model.named_parameters()} == params
+    model.to("cpu")
     assert model.lm_head.weight is model.model.embed_tokens.weight

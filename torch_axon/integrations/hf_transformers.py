@@ -40,3 +40,28 @@ def training_args_setup_devices(training_args) -> None:
     patched = functools.cached_property(_setup_devices)
     patched.__set_name__(cls, "_setup_devices")
     cls._setup_devices = patched
+
+
+@on_import("transformers.training_args")
+def training_args_bf16_available(training_args) -> None:
+    """Patch ``transformers.training_args.is_torch_bf16_gpu_available``.
+
+    ``TrainingArguments(bf16=True)`` refuses to start ("Your setup doesn't
+    support bf16/gpu") unless that function says yes; it asks supa, cuda, xpu,
+    hpu, npu, mps, musa, mlu, neuron and tpu, and otherwise returns False, as if
+    only the CPU were left.  The wrapper answers ``torch.axon.is_bf16_supported()``
+    where upstream says False (Accelerate then autocasts with device_type="axon");
+    once upstream says True for axon it changes nothing.
+    """
+    original = training_args.is_torch_bf16_gpu_available
+    if getattr(original, "_axon_patch", False):
+        return
+
+    @functools.wraps(original)
+    def is_torch_bf16_gpu_available() -> bool:
+        if original():
+            return True
+        return _axon_available() and torch.axon.is_bf16_supported()
+
+    is_torch_bf16_gpu_available._axon_patch = True
+    training_args.is_torch_bf16_gpu_available = is_torch_bf16_gpu_available
