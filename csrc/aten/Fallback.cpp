@@ -70,7 +70,8 @@ bool accepts_cpu_indices(const c10::FunctionSchema& schema) {
 class Fallback {
  public:
   Fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
-      : schema_(op.schema()), stack_(stack) {}
+      : schema_(op.schema()), stack_(stack),
+        cpu_indices_ok_(accepts_cpu_indices(schema_)) {}
 
   void run(const c10::OperatorHandle& op) {
     const size_t num_args = schema_.arguments().size();
@@ -115,14 +116,13 @@ class Fallback {
   }
 
   void find_device(const c10::IValue& v) {
-    const bool index_ok = accepts_cpu_indices(schema_);
     if (v.isTensor()) {
       note_device(v.toTensor(), false);
     } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList().vec()) note_device(t, index_ok);
+      for (const at::Tensor& t : v.toTensorList().vec()) note_device(t, cpu_indices_ok_);
     } else if (v.isList()) {
       for (const c10::IValue& e : v.toListRef()) {
-        if (e.isTensor()) note_device(e.toTensor(), index_ok);
+        if (e.isTensor()) note_device(e.toTensor(), cpu_indices_ok_);
       }
     } else if (v.isDevice() && v.toDevice().type() == kAxon && device_ < 0) {
       device_ = resolve_index(v.toDevice());
@@ -224,6 +224,7 @@ class Fallback {
 
   const c10::FunctionSchema& schema_;
   torch::jit::Stack* stack_;
+  const bool cpu_indices_ok_;
   c10::DeviceIndex device_ = -1;
   std::optional<c10::Device> foreign_;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> originals_;

@@ -58,20 +58,6 @@ at::Tensor copyToDevice(const at::Tensor& src, c10::DeviceIndex device) {
   return dst;
 }
 
-void resizeStorageBytes(c10::StorageImpl* storage, size_t new_bytes) {
-  TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
-  c10::DeviceIndex device = storage->device().index();
-  c10::DeviceGuard guard(storage->device());
-  c10::DataPtr fresh = getCachingAllocator()->allocate(new_bytes);
-  size_t n = std::min(storage->nbytes(), new_bytes);
-  if (n > 0) {
-    rt::Stream s = current_rt_stream(device);
-    rt_call([&] { rt::memcpy(fresh.get(), storage->data(), n, s); });
-  }
-  storage->set_data_ptr_noswap(std::move(fresh));
-  storage->set_nbytes(new_bytes);
-}
-
 namespace {
 
 constexpr c10::DispatchKeySet kAxonKeys{c10::DispatchKey::PrivateUse1};
