@@ -1,0 +1,154 @@
+"""Training step (forward + backward + AdamW) of a ~56M-parameter Llama: axon vs cpu, side by side.
+
+    .venv/bin/python benchmarks/train_step.py [--steps 1] [--repeats 5] [--dtype bfloat16] [--fused]
+    .venv/bin/python benchmarks/train_step.py --quick          # tiny model, seconds
+
+The model of generate.py (LlamaForCausalLM from a LlamaConfig, random init, 56.4M
+parameters) on cpu and a copy with the same weights on axon. One step: loss =
+model(input_ids, labels=input_ids).loss; loss.backward(); optimizer.step();
+optimizer.zero_grad(set_to_none=True). Batches of random token ids, the same sequence
+on both devices. --warmup untimed steps per device, then --repeats repetitions of
+--steps timed steps, alternating cpu, axon, cpu, axon, ...; each repetition runs from a
+drained device to torch.axon.synchronize() after the last step. Both devices run the
+same steps from the same init on the same data, so their losses should match closely.
+
+Optimizer: torch.optim.AdamW(lr=1e-3, weight_decay=0.01); --optim default leaves the
+implementation to torch (for-loop over tensors on cpu, foreach on axon), foreach forces
+foreach=True, fused (or --fused) fused=True.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+
+def make_optimizer(model, optim: str, lr: float) -> torch.optim.Optimizer:
+    kwargs = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[optim]
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, **kwargs)
+
+
+def train_step(model, opt, ids: torch.Tensor) -> torch.Tensor:
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--quick", action="store_true", help="tiny model and batch: a smoke run")
+    p.add_argument("--batch", type=int, default=None, help="sequences per step (8; quick 2)")
+    p.add_argument("--seq", type=int, default=None, help="tokens per sequence (256; quick 32)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per repetition (1; quick 2)")
+    p.add_argument("--repeats", type=int, default=None, help="repetitions per device (5; quick 1)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per device before timing")
+    p.add_argument("--dtype", default="float32", help="float32 or bfloat16 (parameters and compute)")
+    p.add_argument("--optim", choices=["default", "foreach", "fused"], default="default",
+                   help="AdamW implementation (default: torch's choice per device)")
+    p.add_argument("--fused", action="store_true", help="same as --optim fused")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", action="store_true",
+                   help="torch.profiler over one extra axon step: top ops by self CPU time")
+    p.add_argument("--profile-rows", type=int, default=25)
+    C.add_model_args(p)
+    C.add_common_args(p)
+    a = p.parse_args()
+    C.apply_malloc_reuse(a)
+    for k, (q, full) in dict(batch=(2, 8), seq=(32, 256), steps=(2, 1), repeats=(1, 5)).items():
+        if getattr(a, k) is None:
+            setattr(a, k, q if a.quick else full)
+    if a.fused:
+        a.optim = "fused"
+    dtype = C.parse_dtype(a.dtype)
+    dims = C.model_dims(a)
+    torch.manual_seed(a.seed)
+
+    C.print_header("train_step: forward + backward + AdamW step, axon vs cpu", a)
+    models = C.build_models(dims, dtype, a.seed, max_positions=max(2048, a.seq))
+    opts = {}
+    for d, m in models.items():
+        m.train()
+        opts[d] = make_optimizer(m, a.optim, a.lr)
+    n_params = sum(p.numel() for p in models["cpu"].parameters())
+    impl = {"default": "torch default (cpu: for-loop, axon: foreach)", "foreach": "foreach=True",
+            "fused": "fused=True"}[a.optim]
+    print(f"model: {C.describe_dims(dims)}: {n_params / 1e6:.1f}M parameters, {C.dtype_name(dtype)}, "
+          f"attention {models['cpu'].config._attn_implementation}; batch {a.batch} x {a.seq} tokens, "
+          f"AdamW {impl}\n", flush=True)
+
+    g = torch.Generator().manual_seed(a.seed)
+    n_batches = a.warmup + a.repeats * a.steps
+    batches = [torch.randint(3, dims["vocab"], (a.batch, a.seq), generator=g) for _ in range(n_batches)]
+    losses: dict[str, list[torch.Tensor]] = {d: [] for d in C.DEVICES}
+    times: dict[str, list[float]] = {d: [] for d in C.DEVICES}
+
+    for d in C.DEVICES:  # warmup steps: part of the training run, not timed
+        for i in range(a.warmup):
+            losses[d].append(train_step(models[d], opts[d], batches[i].to(d)))
+        C.sync(d)
+    fallback = C.FallbackCounter()
+    for r in range(a.repeats):
+        chunk = batches[a.warmup + r * a.steps: a.warmup + (r + 1) * a.steps]
+        for d in C.DEVICES:
+            inputs = [b.to(d) for b in chunk]  # copied before the clock starts
+            C.sync(d)
+
+            def run():
+                t = time.perf_counter()
+                for ids in inputs:
+                    losses[d].append(train_step(models[d], opts[d], ids))
+                C.sync(d)
+                return time.perf_counter() - t
+            if d == "axon":
+                with fallback:
+                    times[d].append(run())
+            else:
+                times[d].append(run())
+        print(f"  repetition {r + 1}/{a.repeats}: cpu {times['cpu'][-1] / a.steps * 1e3:.0f} ms/step, "
+              f"axon {times['axon'][-1] / a.steps * 1e3:.0f} ms/step", file=sys.stderr, flush=True)
+
+    tokens = a.batch * a.seq
+    c, x = C.median(times["cpu"]) / a.steps, C.median(times["axon"]) / a.steps
+    best = min(times["cpu"]) / min(times["axon"])
+    print()
+    C.print_table(["batch x seq", "dtype", "AdamW", "cpu ms/step", "axon ms/step", "cpu tokens/s",
+                   "axon tokens/s", "axon/cpu tokens/s", "axon/cpu (best runs)"],
+                  [[f"{a.batch} x {a.seq}", C.dtype_name(dtype), a.optim, f"{c * 1e3:,.0f}",
+                    f"{x * 1e3:,.0f}", f"{tokens / c:,.0f}", f"{tokens / x:,.0f}", f"{c / x:.2f}x",
+                    f"{best:.2f}x"]],
+                  align=["l", "l", "l"] + ["r"] * 6)
+    print(f"median over {a.repeats} repetitions of {a.steps} steps per device, after {a.warmup} warmup "
+          f"step(s); tokens/s = batch x seq / (seconds per step); best runs: fastest repetition of each "
+          f"device.")
+
+    lc = [float(v) for v in losses["cpu"]]
+    la = [float(v) for v in losses["axon"]]
+    diffs = [abs(u - v) for u, v in zip(lc, la)]
+    worst = max(range(len(diffs)), key=diffs.__getitem__)
+    print(f"loss after {len(lc)} steps from the same init on the same data: cpu {lc[-1]:.6f}, "
+          f"axon {la[-1]:.6f}, |diff| {diffs[-1]:.2e} (relative {diffs[-1] / abs(lc[-1]):.1e}); "
+          f"first step: cpu {lc[0]:.6f}, axon {la[0]:.6f}; largest |diff| {diffs[worst]:.2e} at step "
+          f"{worst + 1}")
+    print("losses per step, cpu:  " + " ".join(f"{v:.4f}" for v in lc))
+    print("losses per step, axon: " + " ".join(f"{v:.4f}" for v in la))
+    print(f"\nfallback ops during the timed axon steps (calls per step): "
+          f"{fallback.summary(per=a.repeats * a.steps, limit=30)}")
+    if a.profile:
+        ids = batches[0].to("axon")
+        C.profile_axon(lambda: train_step(models["axon"], opts["axon"], ids), "one training step",
+                       rows=a.profile_rows, calls=1)
+
+
+if __name__ == "__main__":
+    main()
