@@ -60,6 +60,16 @@ def git_commit() -> str:
         return "?"
 
 
+def axon_build() -> str:
+    """When the loaded axon extension was built (the working tree may be ahead of the commit)."""
+    try:
+        import torch_axon._C as ext
+        mtime = datetime.datetime.fromtimestamp(os.path.getmtime(ext.__file__)).astimezone()
+        return f"torch_axon._C built {mtime.strftime('%Y-%m-%d %H:%M')}"
+    except (ImportError, OSError, AttributeError):
+        return "torch_axon._C build time unknown"
+
+
 def command_line() -> str:
     exe = sys.executable
     try:
@@ -83,7 +93,7 @@ def print_header(title: str, args=None) -> None:
           + (f", {mem:.0f} GiB" if mem else "") + f", {platform.machine()}, {platform.system()}")
     print(f"torch:    {torch.__version__}, {torch.get_num_threads()} threads "
           f"(torch.get_num_threads()), axon: {torch.axon.device_count()} device(s), "
-          f"commit {git_commit()}")
+          f"commit {git_commit()}, {axon_build()}")
     mmap = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     print("malloc:   " + (f"MALLOC_MMAP_THRESHOLD_={mmap} (cpu temporaries reuse the heap)" if mmap else
                           "glibc default (large cpu temporaries are mmapped and page-faulted on every "
@@ -170,8 +180,10 @@ def profile_axon(fn: Callable[[], object], title: str, rows: int = 15, calls: in
             fn()
         sync("axon")
     print(f"\n## profile (axon): {title}, {calls} call(s), top {rows} ops by self CPU time")
-    print("(an op that runs through the fallback appears twice: the axon op, whose self time is the "
-          "fallback's overhead, and the CPU kernel it calls; profiling adds per-op overhead)")
+    print("(host-side view. An op that runs through the fallback appears twice: the axon op, whose "
+          "self time is the fallback's overhead, and the CPU kernel it calls. Ops that run "
+          "asynchronously on the axon stream show only their launch cost; their run time lands "
+          "where the host waits: aten::_local_scalar_dense (.item()), copies to cpu, synchronize.)")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
