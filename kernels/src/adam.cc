@@ -80,19 +80,19 @@ AXON_SIMD void adam_bfloat16(const Coefficients& c, const Arrays& a, int64_t beg
 // all arrays stream from memory together.
 void adam_float16(const Coefficients& c, const Arrays& a, int64_t begin, int64_t end) {
   constexpr int64_t kSegment = 256;
-  float scratch[5][kSegment];
-  const Arrays f{scratch[0], scratch[1], scratch[2], scratch[3], scratch[4]};
-  const auto at = [](const void* base, int64_t i) { return static_cast<const uint16_t*>(base) + i; };
-  const auto at_mut = [](void* base, int64_t i) { return static_cast<uint16_t*>(base) + i; };
+  float buf[5][kSegment];
+  const Arrays f{buf[0], buf[1], buf[2], buf[3], buf[4]};
+  const void* in[5] = {a.param, a.grad, a.exp_avg, a.exp_avg_sq, a.max_exp_avg_sq};
+  void* out[5] = {a.param, nullptr, a.exp_avg, a.exp_avg_sq, a.max_exp_avg_sq};
+  const int arrays = c.amsgrad ? 5 : 4;
   for (int64_t s = begin; s < end; s += kSegment) {
     const int64_t len = std::min(kSegment, end - s);
-    const int arrays = c.amsgrad ? 5 : 4;
-    const void* in[5] = {a.param, a.grad, a.exp_avg, a.exp_avg_sq, a.max_exp_avg_sq};
-    for (int k = 0; k < arrays; ++k) convert_to_float(DType::kFloat16, at(in[k], s), len, scratch[k]);
-    adam_float32(c, f, 0, len);
-    void* out[5] = {a.param, nullptr, a.exp_avg, a.exp_avg_sq, a.max_exp_avg_sq};
     for (int k = 0; k < arrays; ++k)
-      if (k != 1) convert_from_float(DType::kFloat16, scratch[k], len, at_mut(out[k], s));
+      convert_to_float(DType::kFloat16, static_cast<const uint16_t*>(in[k]) + s, len, buf[k]);
+    adam_float32(c, f, 0, len);
+    for (int k = 0; k < arrays; ++k)
+      if (out[k] != nullptr)
+        convert_from_float(DType::kFloat16, buf[k], len, static_cast<uint16_t*>(out[k]) + s);
   }
 }
 

@@ -92,11 +92,15 @@ AXON_INLINE int64_t start(const Forward& f, Scratch& w, const Task& t) {
   const Geometry& g = f.geo;
   const int64_t D = g.shape.head_dim;
   int64_t max_i = 0;
+  for (int64_t r = 0, n; r < t.nr; r += n) {
+    const int64_t row = t.r0 + r, i = g.query(row);
+    n = g.run(row, t.nr - r);
+    max_i = std::max(max_i, i + n - 1);
+    load_rows(f.dt, f.q.row(f.dt, t.b, g.head(t.kvh, row), i), f.q.st.s[2], f.q.st.s[3], n, D,
+              w.q.row(r), w.q.ld);
+  }
   for (int64_t r = 0; r < t.nr; ++r) {
-    const int64_t h = g.head(t.kvh, t.r0 + r), i = g.query(t.r0 + r);
-    max_i = std::max(max_i, i);
     float* q = w.q.row(r);
-    load_strided(f.dt, f.q.row(f.dt, t.b, h, i), f.q.st.s[3], D, q);
     for (int64_t d = 0; d < D; ++d) q[d] *= f.scale;
     std::fill(w.o.row(r), w.o.row(r + 1), 0.0f);
     w.m[r] = kNegInf;
@@ -129,8 +133,7 @@ AXON_INLINE void attend(const Forward& f, Scratch& w, const Task& t, int64_t j_b
     if (t.nr < kFewRows) {
       gemm_nt(t.nr, bk, g.dim_p, w.q.row(0), w.q.ld, k, ldk, w.s.row(0), w.s.ld);
     } else {
-      for (int64_t j = 0; j < bk; ++j)
-        for (int64_t d = 0; d < D; ++d) w.kt.row(d)[j] = k[j * ldk + d];
+      transpose(k, ldk, bk, D, w.kt.row(0), w.kt.ld);
       gemm(t.nr, kBlockK, D, w.q.row(0), w.q.ld, 1, w.kt.row(0), w.kt.ld, w.s.row(0), w.s.ld, false);
     }
     for (int64_t r = 0; r < t.nr; ++r) {
@@ -157,9 +160,14 @@ AXON_INLINE void finish(const Forward& f, Scratch& w, const Task& t) {
     const float l = w.l[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
     float* o = w.o.row(r);
     for (int64_t d = 0; d < sh.v_head_dim; ++d) o[d] *= inv;
-    store_strided(f.dt, o, sh.v_head_dim, f.out.row(f.dt, t.b, h, i), f.out.st.s[3]);
     if (f.lse != nullptr)
       f.lse[(t.b * sh.q_heads + h) * sh.q_len + i] = l > 0.0f ? w.m[r] + std::log(l) : kNegInf;
+  }
+  for (int64_t r = 0, n; r < t.nr; r += n) {
+    const int64_t row = t.r0 + r;
+    n = g.run(row, t.nr - r);
+    store_rows(f.dt, w.o.row(r), w.o.ld, n, sh.v_head_dim,
+               f.out.row(f.dt, t.b, g.head(t.kvh, row), g.query(row)), f.out.st.s[2], f.out.st.s[3]);
   }
 }
 

@@ -33,16 +33,16 @@ struct Backward {
 // A thread's tiles: all rows of a group for Q, dO and dQ; one kv tile for the rest.
 struct Scratch {
   explicit Scratch(const Geometry& g)
-      : q(g.rows, g.dim_p), dout(g.rows, g.vdim_p), dq(g.rows, g.dim_p), k(kBlockK, g.dim_p),
+      : q(g.rows, g.dim_p), dout(g.rows, g.vdim_p), out(g.rows, g.vdim_p), dq(g.rows, g.dim_p),
+        k(kBlockK, g.dim_p),
         kt(g.shape.head_dim, kBlockK), v(kBlockK, g.vdim_p), vt(g.shape.v_head_dim, kBlockK),
         dk(kBlockK, g.dim_p), dv(kBlockK, g.vdim_p), p(kBlockQ, kBlockK), ds(kBlockQ, kBlockK),
-        out_row(1, g.vdim_p), delta(g.rows) {}
+        delta(g.rows) {}
 
-  Tile q, dout, dq;
+  Tile q, dout, out, dq;
   Tile k, kt, v, vt;  // rows and transposed
   Tile dk, dv;
   Tile p, ds;  // probabilities and score gradients of a (q tile, kv tile) pair
-  Tile out_row;
   std::vector<float> delta;  // rowsum(dO * O)
 };
 
@@ -88,13 +88,19 @@ AXON_SIMD void backward_task(const Backward& f, Scratch& w, int64_t task) {
   const int64_t b = task / sh.kv_heads, kvh = task % sh.kv_heads;
   const int64_t D = sh.head_dim, Dv = sh.v_head_dim;
 
-  for (int64_t r = 0; r < g.rows; ++r) {
+  // Q, dO and O of the group's rows, one run per q head.
+  for (int64_t r = 0, n; r < g.rows; r += n) {
     const int64_t h = g.head(kvh, r), i = g.query(r);
-    load_strided(f.dt, f.q.row(f.dt, b, h, i), f.q.st.s[3], D, w.q.row(r));
+    n = g.run(r, g.rows - r);
+    load_rows(f.dt, f.q.row(f.dt, b, h, i), f.q.st.s[2], f.q.st.s[3], n, D, w.q.row(r), w.q.ld);
+    load_rows(f.dt, f.dout.row(f.dt, b, h, i), f.dout.st.s[2], f.dout.st.s[3], n, Dv,
+              w.dout.row(r), w.dout.ld);
+    load_rows(f.dt, f.out.row(f.dt, b, h, i), f.out.st.s[2], f.out.st.s[3], n, Dv, w.out.row(r),
+              w.out.ld);
+  }
+  for (int64_t r = 0; r < g.rows; ++r) {
     const float* dout = w.dout.row(r);
-    const float* out = w.out_row.row(0);
-    load_strided(f.dt, f.dout.row(f.dt, b, h, i), f.dout.st.s[3], Dv, w.dout.row(r));
-    load_strided(f.dt, f.out.row(f.dt, b, h, i), f.out.st.s[3], Dv, w.out_row.row(0));
+    const float* out = w.out.row(r);
     w.delta[r] = simd::sum_of(Dv, [&](auto d) AXON_INLINE_LAMBDA { return load(dout, d) * load(out, d); });
   }
   std::fill(w.dq.data.begin(), w.dq.data.end(), 0.0f);
@@ -103,10 +109,8 @@ AXON_SIMD void backward_task(const Backward& f, Scratch& w, int64_t task) {
     const int64_t bk = std::min(kBlockK, sh.kv_len - j0);
     load_rows(f.dt, f.k.row(f.dt, b, kvh, j0), f.k.st.s[2], f.k.st.s[3], bk, D, w.k.row(0), w.k.ld);
     load_rows(f.dt, f.v.row(f.dt, b, kvh, j0), f.v.st.s[2], f.v.st.s[3], bk, Dv, w.v.row(0), w.v.ld);
-    for (int64_t j = 0; j < bk; ++j) {
-      for (int64_t d = 0; d < D; ++d) w.kt.row(d)[j] = w.k.row(j)[d];
-      for (int64_t d = 0; d < Dv; ++d) w.vt.row(d)[j] = w.v.row(j)[d];
-    }
+    transpose(w.k.row(0), w.k.ld, bk, D, w.kt.row(0), w.kt.ld);
+    transpose(w.v.row(0), w.v.ld, bk, Dv, w.vt.row(0), w.vt.ld);
     std::fill(w.dk.data.begin(), w.dk.data.end(), 0.0f);
     std::fill(w.dv.data.begin(), w.dv.data.end(), 0.0f);
 
@@ -127,14 +131,15 @@ AXON_SIMD void backward_task(const Backward& f, Scratch& w, int64_t task) {
       gemm(bk, w.dk.ld, nq, w.ds.row(0), 1, w.ds.ld, q, w.q.ld, w.dk.row(0), w.dk.ld, true);
       gemm(nq, w.dq.ld, bk, w.ds.row(0), w.ds.ld, 1, w.k.row(0), w.k.ld, w.dq.row(r0), w.dq.ld, true);
     }
-    for (int64_t j = 0; j < bk; ++j) {
-      store_strided(f.dt, w.dk.row(j), D, f.dk.row(f.dt, b, kvh, j0 + j), f.dk.st.s[3]);
-      store_strided(f.dt, w.dv.row(j), Dv, f.dv.row(f.dt, b, kvh, j0 + j), f.dv.st.s[3]);
-    }
+    store_rows(f.dt, w.dk.row(0), w.dk.ld, bk, D, f.dk.row(f.dt, b, kvh, j0), f.dk.st.s[2],
+               f.dk.st.s[3]);
+    store_rows(f.dt, w.dv.row(0), w.dv.ld, bk, Dv, f.dv.row(f.dt, b, kvh, j0), f.dv.st.s[2],
+               f.dv.st.s[3]);
   }
-  for (int64_t r = 0; r < g.rows; ++r) {
-    const int64_t h = g.head(kvh, r), i = g.query(r);
-    store_strided(f.dt, w.dq.row(r), D, f.dq.row(f.dt, b, h, i), f.dq.st.s[3]);
+  for (int64_t r = 0, n; r < g.rows; r += n) {
+    n = g.run(r, g.rows - r);
+    store_rows(f.dt, w.dq.row(r), w.dq.ld, n, D, f.dq.row(f.dt, b, g.head(kvh, r), g.query(r)),
+               f.dq.st.s[2], f.dq.st.s[3]);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "axon/kernels/attention.h"
@@ -44,6 +45,8 @@ struct Geometry {
 
   int64_t head(int64_t kv_head, int64_t row) const { return kv_head * group + row / shape.q_len; }
   int64_t query(int64_t row) const { return row % shape.q_len; }
+  // Rows from `row` on (at most n) that belong to the same head: consecutive queries.
+  int64_t run(int64_t row, int64_t n) const { return std::min(n, shape.q_len - query(row)); }
 
   AttentionShape shape;
   int64_t group;   // q heads per kv head
@@ -102,6 +105,14 @@ inline void store_strided(DType dt, const float* values, int64_t n, char* p, int
   for (int64_t d = 0; d < n; ++d) convert_from_float(dt, values + d, 1, p + d * step);
 }
 
+// The inverse of load_rows.
+inline void store_rows(DType dt, const float* values, int64_t ld, int64_t rows, int64_t n,
+                       char* p, int64_t row_stride, int64_t stride) {
+  if (stride == 1 && row_stride == n && ld == n) return convert_from_float(dt, values, rows * n, p);
+  for (int64_t r = 0; r < rows; ++r)
+    store_strided(dt, values + r * ld, n, p + r * row_stride * int64_t(dtype_size(dt)), stride);
+}
+
 // C[M x N] (+)= A[M x K] B[K x N], A(m, k) = a[m * a_m + k * a_k] (so A may be a
 // transposed view), B and C row-major with leading dimensions ldb, ldc; N a multiple
 // of kLanes. Register tiles of up to 4 rows x 2 vectors: B rows are loaded once per
@@ -140,6 +151,50 @@ AXON_INLINE void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a
   for (; m + 4 <= M; m += 4)
     gemm_rows<4>(N, K, a + m * a_m, a_m, a_k, b, ldb, c + m * ldc, ldc, accumulate);
   for (; m < M; ++m) gemm_rows<1>(N, K, a + m * a_m, a_m, a_k, b, ldb, c + m * ldc, ldc, accumulate);
+}
+
+// Transposing 16 x 16 blocks with vector shuffles, in four stages: at stage bs,
+// rows r and r + bs exchange their alternate runs of bs elements.
+constexpr int transpose_lane(int bs, bool high, int i) {
+  const int block = i / bs, chunk = i / (2 * bs) * 2 * bs + (high ? bs : 0);
+  return (block % 2 == 0 ? 0 : kLanes) + chunk + i % bs;
+}
+
+template <int bs, bool high, size_t... I>
+AXON_INLINE Vec interleave(Vec a, Vec b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, transpose_lane(bs, high, int(I))...);
+}
+
+template <int bs>
+AXON_INLINE void transpose_stage(Vec (&m)[kLanes]) {
+  for (int r = 0; r < kLanes; ++r) {
+    if (r & bs) continue;
+    const Vec a = m[r], b = m[r + bs];
+    m[r] = interleave<bs, false>(a, b, std::make_index_sequence<kLanes>());
+    m[r + bs] = interleave<bs, true>(a, b, std::make_index_sequence<kLanes>());
+  }
+}
+
+// dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols.
+AXON_INLINE void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+                           int64_t ldd) {
+  int64_t r0 = 0;
+  for (; r0 + kLanes <= rows; r0 += kLanes) {
+    int64_t c0 = 0;
+    for (; c0 + kLanes <= cols; c0 += kLanes) {
+      Vec m[kLanes];
+      for (int r = 0; r < kLanes; ++r) m[r] = load(src + (r0 + r) * lds + c0, VecAt{0});
+      transpose_stage<8>(m);
+      transpose_stage<4>(m);
+      transpose_stage<2>(m);
+      transpose_stage<1>(m);
+      for (int c = 0; c < kLanes; ++c) store(dst + (c0 + c) * ldd + r0, VecAt{0}, m[c]);
+    }
+    for (int64_t r = r0; r < r0 + kLanes; ++r)
+      for (int64_t c = c0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+  }
+  for (int64_t r = r0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
 }
 
 // C[M x N] = A[M x K] B[N x K]^T by dot products (A, B row-major, K a multiple of
@@ -202,8 +257,8 @@ struct ScoreMask {
     return causal ? std::clamp<int64_t>(i + 1 - j0, 0, n) : n;
   }
 
-  // s[0, n_padded) are the scores of query i (q head h) for keys j0 + j: adds the
-  // user mask and sets masked, causally hidden and padding entries to -inf.
+  // s[0, n_padded) are the scores of query i (q head h) for keys j0 + j, n <= kBlockK:
+  // adds the user mask and sets masked, causally hidden and padding entries to -inf.
   AXON_INLINE void apply(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
                          int64_t n_padded, float* s) const {
     const int64_t limit = visible(i, j0, n);
@@ -219,13 +274,10 @@ struct ScoreMask {
       const float* add = static_cast<const float*>(mask.data) + base;
       for (int64_t j = 0; j < limit; ++j) s[j] += add[j];
     } else {
-      const char* add = static_cast<const char*>(mask.data) + base * int64_t(dtype_size(mask.dt));
-      const int64_t step = ms.s[3] * int64_t(dtype_size(mask.dt));
-      for (int64_t j = 0; j < limit; ++j) {
-        float v;
-        convert_to_float(mask.dt, add + j * step, 1, &v);
-        s[j] += v;
-      }
+      float add[kBlockK];
+      load_strided(mask.dt, static_cast<const char*>(mask.data) + base * int64_t(dtype_size(mask.dt)),
+                   ms.s[3], limit, add);
+      for (int64_t j = 0; j < limit; ++j) s[j] += add[j];
     }
   }
 

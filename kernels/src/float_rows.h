@@ -3,6 +3,7 @@
 // scratch row and converted back. float32 rows are used in place.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -39,6 +40,11 @@ inline void store_row(DType dt, const float* values, int64_t n, void* row) {
 // Scratch for `rows` float rows of n elements, allocated only for dtypes that need it.
 inline std::vector<float> row_scratch(DType dt, int64_t rows, int64_t n) {
   return std::vector<float>(dt == DType::kFloat32 ? 0 : rows * n);
+}
+
+// Rows per parallel_for chunk: about 32K elements.
+inline int64_t row_grain(int64_t cols) {
+  return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, cols));
 }
 
 // Element i of a typed row pointer.

@@ -5,7 +5,6 @@
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
 // dweight = sum over rows of dy * xhat, dbias = sum of dy, summed per fixed row
 // block and then over blocks (deterministic whatever the thread split).
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -62,11 +61,6 @@ AXON_SIMD void accumulate_dweight(const float* dy, const float* x, Moments m, in
 
 AXON_SIMD void accumulate_dbias(const float* dy, int64_t n, float* db) {
   simd::for_each(n, [&](auto j) AXON_INLINE_LAMBDA { store(db, j, load(db, j) + load(dy, j)); });
-}
-
-// Rows per parallel chunk: about 32K elements.
-int64_t row_grain(int64_t cols) {
-  return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, cols));
 }
 
 }  // namespace

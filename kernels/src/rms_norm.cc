@@ -4,7 +4,6 @@
 //   dx = rstd * dy * w - x * rstd^3 / cols * sum(dy * w * x),
 // and dweight = sum over rows of dy * x * rstd, summed per fixed row block, then over
 // blocks (deterministic whatever the thread split). Rows spread with parallel_for.
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -49,11 +48,6 @@ AXON_SIMD void accumulate_dweight(const float* dy, const float* x, float rstd, i
   simd::for_each(n, [&](auto j) AXON_INLINE_LAMBDA {
     store(dw, j, load(dw, j) + load(dy, j) * load(x, j) * rstd);
   });
-}
-
-// Rows per parallel chunk: about 32K elements.
-int64_t row_grain(int64_t cols) {
-  return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, cols));
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 // y *= 1 / s. Log-softmax: m, then s = sum(exp(x - m)), y = x - m - log(s).
 // exp is simd::exp, a vectorised polynomial. Backward, per row:
 //   softmax: dx = y * (dy - sum(dy * y)); log-softmax: dx = dy - exp(y) * sum(dy).
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -52,11 +51,6 @@ AXON_SIMD void log_softmax_backward_row(const float* dy, const float* y, int64_t
   simd::for_each(n, [&](auto j) AXON_INLINE_LAMBDA {
     store(dx, j, load(dy, j) - simd::exp(load(y, j)) * s);
   });
-}
-
-// Rows per parallel chunk: about 16K elements.
-int64_t row_grain(int64_t cols) {
-  return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols));
 }
 
 }  // namespace
