@@ -36,11 +36,15 @@ bool warn_enabled() {
   return enabled;
 }
 
+}  // namespace
+
 std::string op_name(const c10::FunctionSchema& schema) {
   const auto& name = schema.operator_name();
   return name.overload_name.empty() ? name.name
                                     : name.name + "." + name.overload_name;
 }
+
+namespace {
 
 void count(const c10::FunctionSchema& schema) {
   bool warn = false;
@@ -67,18 +71,74 @@ bool accepts_cpu_indices(const c10::FunctionSchema& schema) {
          n == "aten::_unsafe_index" || n == "aten::_unsafe_index_put";
 }
 
+}  // namespace
+
+// ------------------------------------------------------------ device scan
+
+OpDevice::OpDevice(const c10::FunctionSchema& schema)
+    : schema_(schema), cpu_indices_ok_(accepts_cpu_indices(schema)) {}
+
+c10::DeviceIndex OpDevice::scan(const torch::jit::Stack& stack) {
+  const size_t num_args = schema_.arguments().size();
+  const size_t begin = stack.size() - num_args;
+  for (size_t i = 0; i < num_args; ++i) find_device(stack[begin + i]);
+  TORCH_CHECK(device_ >= 0, "axon: ", op_name(schema_),
+              " received no axon tensor or device");
+  return device_;
+}
+
+void OpDevice::note_device(const at::Tensor& t, bool index_arg) {
+  if (!t.defined()) return;
+  if (t.device().type() == kAxon) {
+    if (device_ < 0) {
+      device_ = t.device().index();
+    } else if (t.device().index() != device_) {
+      mixed_devices(c10::Device(kAxon, device_), t.device());
+    }
+    return;
+  }
+  // CPU scalars (0-dim) mix with device tensors in PyTorch, as do CPU
+  // index tensors for indexing ops.
+  if (t.is_cpu() && (t.dim() == 0 || index_arg)) return;
+  foreign_ = t.device();
+}
+
+void OpDevice::mixed_devices(c10::Device a, c10::Device b) {
+  TORCH_CHECK(false,
+              "Expected all tensors to be on the same device, but found at "
+              "least two devices, ", a, " and ", b, "! (when checking "
+              "arguments for ", op_name(schema_), ")");
+}
+
+void OpDevice::find_device(const c10::IValue& v) {
+  if (v.isTensor()) {
+    note_device(v.toTensor(), false);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList().vec()) note_device(t, cpu_indices_ok_);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) note_device(e.toTensor(), cpu_indices_ok_);
+    }
+  } else if (v.isDevice() && v.toDevice().type() == kAxon && device_ < 0) {
+    device_ = resolve_index(v.toDevice());
+    check_device(device_);
+  }
+  if (foreign_.has_value() && device_ >= 0) {
+    mixed_devices(c10::Device(kAxon, device_), *foreign_);
+  }
+}
+
+namespace {
+
 class Fallback {
  public:
   Fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
-      : schema_(op.schema()), stack_(stack),
-        cpu_indices_ok_(accepts_cpu_indices(schema_)) {}
+      : schema_(op.schema()), stack_(stack) {}
 
   void run(const c10::OperatorHandle& op) {
     const size_t num_args = schema_.arguments().size();
     const size_t begin = stack_->size() - num_args;
-    for (size_t i = 0; i < num_args; ++i) find_device((*stack_)[begin + i]);
-    TORCH_CHECK(device_ >= 0, "axon fallback: ", op_name(schema_),
-                " received no axon tensor or device");
+    device_ = OpDevice(schema_).scan(*stack_);
     c10::DeviceGuard guard(c10::Device(kAxon, device_));
     syncCurrentStream(device_);
     for (size_t i = 0; i < num_args; ++i) {
@@ -92,47 +152,6 @@ class Fallback {
   }
 
  private:
-  void note_device(const at::Tensor& t, bool index_arg) {
-    if (!t.defined()) return;
-    if (t.device().type() == kAxon) {
-      if (device_ < 0) {
-        device_ = t.device().index();
-      } else if (t.device().index() != device_) {
-        mixed_devices(c10::Device(kAxon, device_), t.device());
-      }
-      return;
-    }
-    // CPU scalars (0-dim) mix with device tensors in PyTorch, as do CPU
-    // index tensors for indexing ops.
-    if (t.is_cpu() && (t.dim() == 0 || index_arg)) return;
-    foreign_ = t.device();
-  }
-
-  [[noreturn]] void mixed_devices(c10::Device a, c10::Device b) {
-    TORCH_CHECK(false,
-                "Expected all tensors to be on the same device, but found at "
-                "least two devices, ", a, " and ", b, "! (when checking "
-                "arguments for ", op_name(schema_), ")");
-  }
-
-  void find_device(const c10::IValue& v) {
-    if (v.isTensor()) {
-      note_device(v.toTensor(), false);
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList().vec()) note_device(t, cpu_indices_ok_);
-    } else if (v.isList()) {
-      for (const c10::IValue& e : v.toListRef()) {
-        if (e.isTensor()) note_device(e.toTensor(), cpu_indices_ok_);
-      }
-    } else if (v.isDevice() && v.toDevice().type() == kAxon && device_ < 0) {
-      device_ = resolve_index(v.toDevice());
-      check_device(device_);
-    }
-    if (foreign_.has_value() && device_ >= 0) {
-      mixed_devices(c10::Device(kAxon, device_), *foreign_);
-    }
-  }
-
   at::Tensor host(const at::Tensor& t, bool mutated) {
     if (!t.defined() || t.device().type() != kAxon) return t;
     at::Tensor h = hostView(t, /*resizable=*/mutated);
@@ -224,21 +243,23 @@ class Fallback {
 
   const c10::FunctionSchema& schema_;
   torch::jit::Stack* stack_;
-  const bool cpu_indices_ok_;
   c10::DeviceIndex device_ = -1;
-  std::optional<c10::Device> foreign_;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> originals_;
   std::unordered_map<const void*, at::Tensor> bases_;
   std::vector<std::pair<at::Tensor, at::Tensor>> mutated_;
 };
 
-void axon_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+}  // namespace
+
+void axonFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   count(op.schema());
   Fallback(op, stack).run(op);
 }
 
+namespace {
+
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&axon_fallback>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&axonFallback>());
 }
 
 // Ops whose composite kernels would not reach the fallback correctly:
@@ -248,7 +269,7 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* op : {"convolution", "convolution_backward", "mse_loss",
                          "smooth_l1_loss", "huber_loss"}) {
-    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&axon_fallback>());
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&axonFallback>());
   }
 }
 

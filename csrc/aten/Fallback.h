@@ -5,11 +5,41 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 
 namespace at::axon {
 
+// The boxed fallback kernel (also used by native kernels for cases they leave
+// to it).
+void axonFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 std::map<std::string, int64_t> fallbackStats();
 void resetFallbackStats();
+
+// "aten::add.Tensor"
+std::string op_name(const c10::FunctionSchema& schema);
+
+// The axon device an op's arguments (the top of the stack) live on.  Raises
+// PyTorch's mixed-device error for tensors on other devices, except CPU
+// scalars (0-dim) and, for indexing ops, CPU index tensors.
+class OpDevice {
+ public:
+  explicit OpDevice(const c10::FunctionSchema& schema);
+  c10::DeviceIndex scan(const torch::jit::Stack& stack);
+
+ private:
+  void note_device(const at::Tensor& t, bool index_arg);
+  void find_device(const c10::IValue& v);
+  [[noreturn]] void mixed_devices(c10::Device a, c10::Device b);
+
+  const c10::FunctionSchema& schema_;
+  const bool cpu_indices_ok_;
+  c10::DeviceIndex device_ = -1;
+  std::optional<c10::Device> foreign_;
+};
 
 }  // namespace at::axon

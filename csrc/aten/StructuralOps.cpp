@@ -7,6 +7,7 @@
 #include <ATen/ops/view_native.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/zero_cpu_dispatch.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -14,6 +15,7 @@
 #include "../core/AxonStorage.h"
 #include "../core/AxonStream.h"
 #include "../core/CachingAllocator.h"
+#include "CpuKernel.h"
 #include "HostView.h"
 
 namespace at::axon {
@@ -38,6 +40,7 @@ at::Tensor hostView(const at::Tensor& t, bool resizable) {
 void syncCurrentStream(c10::DeviceIndex device) {
   rt::Stream s = current_rt_stream(device);
   rt_call([&] { rt::stream_synchronize(s); });
+  releaseFinishedWork();
 }
 
 at::Tensor copyToDevice(const at::Tensor& src, c10::DeviceIndex device) {
@@ -243,7 +246,18 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     }
     return dst;
   }
-  // Dtype conversion or a strided layout: the CPU copy kernel over host views.
+  // Dtype conversion or a strided layout: the CPU copy kernel over host views,
+  // as stream work within one device.
+  if (src_axon && dst_axon && src.device() == dst.device()) {
+    if (dst.numel() == 0) return dst;
+    if (src._is_zerotensor()) {
+      launchCpuKernel(stream_device, "aten::zero_", &at::cpu::zero_, dst);
+    } else {
+      launchCpuKernel(stream_device, "aten::copy_",
+                      [](at::Tensor& d, const at::Tensor& s) { d.copy_(s); }, dst, src);
+    }
+    return dst;
+  }
   if (src_axon) syncCurrentStream(src.device().index());
   if (dst_axon) syncCurrentStream(dst.device().index());
   at::Tensor d = dst_axon ? hostView(dst) : dst;

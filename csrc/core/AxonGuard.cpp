@@ -2,6 +2,7 @@
 // events (c10/core/impl/DeviceGuardImplInterface.h).
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include "StreamWork.h"
 #include "AxonRuntime.h"
 #include "AxonStream.h"
 #include "CachingAllocator.h"
@@ -96,6 +97,7 @@ struct AxonGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void synchronizeStream(const c10::Stream& stream) const override {
     rt_call([&] { rt::stream_synchronize(to_rt(stream)); });
+    releaseFinishedWork();
   }
 
   void synchronizeEvent(void* event) const override {
@@ -105,6 +107,7 @@ struct AxonGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     rt_call([&] { rt::device_synchronize(device_index); });
+    releaseFinishedWork();
   }
 
   void recordDataPtrOnStream(const c10::DataPtr& data_ptr,

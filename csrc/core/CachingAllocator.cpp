@@ -1,4 +1,5 @@
 #include "CachingAllocator.h"
+#include "StreamWork.h"
 
 #include <atomic>
 #include <deque>
@@ -390,7 +391,15 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
       return c10::DataPtr(nullptr, dev);
     }
     c10::StreamId stream = getCurrentAxonStream(device).id();
-    Block* block = cache(device).malloc(nbytes, stream);
+    Block* block = nullptr;
+    try {
+      block = cache(device).malloc(nbytes, stream);
+    } catch (const c10::OutOfMemoryError&) {
+      // Kernels that have run may still hold the last references to memory.
+      rt_call([&] { rt::device_synchronize(device); });
+      releaseFinishedWork();
+      block = cache(device).malloc(nbytes, stream);
+    }
     return c10::DataPtr(block->ptr, block->ptr, &deleter, dev);
   }
 

@@ -4,6 +4,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "../core/StreamWork.h"
 #include "../aten/Fallback.h"
 #include "../core/AxonGenerator.h"
 #include "../core/AxonRuntime.h"
@@ -73,6 +74,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_synchronize", [](int d) {
     py::gil_scoped_release no_gil;
     rt_call([&] { rt::device_synchronize(d); });
+    releaseFinishedWork();
   });
   m.def("_get_device_properties", &device_properties);
   m.def("_launch_blocking", [] { return rt::launch_blocking(); });

@@ -11,6 +11,19 @@
 #endif
 
 namespace axon::rt {
+namespace {
+
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
 
 StreamState::~StreamState() {
   // Devices live for the whole process, so this only runs for a StreamState
@@ -41,8 +54,10 @@ uint64_t StreamState::enqueue(const char* name, std::function<void()> fn) {
   }
   const uint64_t seq = ++enqueued_;
   queue_.push_back(Task{seq, name, std::move(fn)});
+  posted_.store(seq, std::memory_order_release);
+  const bool wake = sleeping_;
   lk.unlock();
-  work_cv_.notify_one();
+  if (wake) work_cv_.notify_one();
   return seq;
 }
 
@@ -54,7 +69,19 @@ void StreamState::run() {
 #endif
   std::unique_lock lk(mu_);
   for (;;) {
-    work_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty() && !stopping_) {
+      const uint64_t seen = enqueued_;
+      lk.unlock();
+      const auto until = std::chrono::steady_clock::now() + kSpin;
+      while (posted_.load(std::memory_order_acquire) == seen &&
+             std::chrono::steady_clock::now() < until) {
+        spin_pause();
+      }
+      lk.lock();
+      sleeping_ = true;
+      work_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+      sleeping_ = false;
+    }
     if (stopping_) break;
     Task task = std::move(queue_.front());
     queue_.pop_front();
@@ -140,7 +167,7 @@ void StreamState::request_stop() {
     std::lock_guard lk(mu_);
     stopping_ = true;
   }
-  work_cv_.notify_all();
+  work_cv_.notify_all();  // unconditionally: the worker may be about to sleep
 }
 
 void StreamState::finish_stop(std::chrono::steady_clock::time_point deadline) {

@@ -1,6 +1,7 @@
 // One stream's in-order queue and the worker thread that drains it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -64,6 +65,11 @@ class StreamState {
   std::thread worker_;
   bool stopping_ = false;
   bool exited_ = false;
+  // The worker spins briefly for new work before it sleeps; enqueue wakes it
+  // (a futex call) only when it sleeps.  Back-to-back small kernels then cost
+  // neither side a context switch.
+  bool sleeping_ = false;
+  std::atomic<uint64_t> posted_{0};  // enqueued_, readable without the lock
 };
 
 }  // namespace axon::rt

@@ -11,6 +11,10 @@ from .memory import *  # noqa: F401,F403
 from .random import *  # noqa: F401,F403
 from .streams import *  # noqa: F401,F403
 
+# Set as torch.cuda's is once initialised; torch.utils.checkpoint reads it to
+# decide whether to save and restore the device's RNG state.
+_initialized = True
+
 
 def fallback_stats() -> dict[str, int]:
     """{op name: calls} of the ops that ran through the CPU fallback."""

@@ -1,0 +1,435 @@
+// Tier 2 for ops whose work is an ATen CPU kernel: one boxed kernel that runs
+// any such op asynchronously.
+//
+// On the host, the op's Meta kernel runs on meta stand-ins of the arguments:
+// it raises PyTorch's own errors for bad input (synchronously, like CUDA's
+// launch-time checks) and gives the shapes, strides and dtypes of the results.
+// The results are allocated on the device, and the CPU kernel is enqueued on
+// the current stream with host views of the arguments: the functional kernel,
+// whose results are copied into the device results (converting dtype where
+// the Meta kernel follows CUDA's conventions rather than the CPU's, as for
+// layer_norm's statistics).  Mutating ops (in-place and out=) run the same kernel on
+// host views of the mutated tensors, after the host has resized out=
+// arguments the way the Meta kernel did.
+//
+// An op is eligible when it returns tensors only and its returns are either
+// new tensors or the tensors it mutates (views stay with tier 1).  Ops are
+// registered one by one (kAsyncOps below), so each is a deliberate, tested
+// choice; an op whose Meta kernel is missing falls back to tier 3.
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/util/strides.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include "../core/AxonGenerator.h"
+#include "../core/CachingAllocator.h"
+#include "AsyncOps.h"
+#include "Fallback.h"
+#include "HostView.h"
+#include "Launch.h"
+
+namespace at::axon {
+
+// ------------------------------------------------------------ launching
+
+void launchChecked(c10::DeviceIndex device, const char* name, uint64_t dtypes,
+                   std::function<void()> fn) {
+  static std::mutex mutex;
+  static std::unordered_set<uint64_t> verified;
+  const uint64_t key = c10::hash_combine(reinterpret_cast<uintptr_t>(name), dtypes);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (verified.count(key) != 0) return launch(device, name, std::move(fn));
+  }
+  syncCurrentStream(device);
+  fn();
+  std::lock_guard<std::mutex> lock(mutex);
+  verified.insert(key);
+}
+
+at::Tensor emptyDevice(c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                       c10::ScalarType dtype, c10::DeviceIndex device) {
+  c10::OptionalDeviceGuard guard;
+  if (device != current_device()) guard.reset_device(c10::Device(kAxon, device));
+  return at::detail::empty_strided_generic(
+      sizes, strides, getCachingAllocator(),
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
+}
+
+at::Tensor emptyDeviceLike(const at::Tensor& t) {
+  return emptyDevice(t.sizes(), c10::contiguous_strides(t.sizes()), t.scalar_type(),
+                     t.device().index());
+}
+
+at::Tensor snapshotCpuTensor(const at::Tensor& t) {
+  at::Tensor c;
+  if (t.dim() == 0 && !t.is_conj() && !t.is_neg()) {  // the common case: a scalar
+    c = at::detail::empty_cpu({}, t.scalar_type());
+    std::memcpy(c.data_ptr(), t.const_data_ptr(), t.element_size());
+  } else {
+    c = t.clone();
+  }
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    c.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }
+  return c;
+}
+
+namespace {
+
+// ------------------------------------------------------------ op plans
+
+struct OpPlan {
+  enum class Kind { kFunctional, kMutating, kUnsupported };
+  Kind kind = Kind::kUnsupported;
+  std::string name;                    // "aten::add.Tensor", for error messages
+  // Mutating ops: for each return, the argument it is (alias set match).
+  std::vector<size_t> return_arg;
+  std::vector<bool> written;           // per argument
+};
+
+bool is_tensor_type(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::TensorType) return true;
+  if (auto l = t->cast<c10::ListType>()) {
+    return l->getElementType()->kind() == c10::TypeKind::TensorType;
+  }
+  return false;
+}
+
+OpPlan make_plan(const c10::FunctionSchema& schema) {
+  OpPlan plan;
+  plan.name = op_name(schema);
+  const auto& args = schema.arguments();
+  const auto& rets = schema.returns();
+  bool mutating = false;
+  for (const auto& a : args) {
+    bool w = a.alias_info() != nullptr && a.alias_info()->isWrite();
+    plan.written.push_back(w);
+    mutating |= w;
+  }
+  for (const auto& r : rets) {
+    if (!is_tensor_type(r.type())) return plan;  // scalars etc. need the host
+  }
+  if (!mutating) {
+    for (const auto& r : rets) {
+      if (r.alias_info() != nullptr) return plan;  // a view
+    }
+    plan.kind = OpPlan::Kind::kFunctional;
+    return plan;
+  }
+  for (const auto& r : rets) {
+    if (r.alias_info() == nullptr || !r.alias_info()->isWrite()) return plan;
+    std::optional<size_t> arg;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].alias_info() != nullptr &&
+          args[i].alias_info()->beforeSets() == r.alias_info()->beforeSets()) {
+        arg = i;
+      }
+    }
+    if (!arg.has_value()) return plan;
+    plan.return_arg.push_back(*arg);
+  }
+  plan.kind = OpPlan::Kind::kMutating;
+  return plan;
+}
+
+OpPlan& plan_for(const c10::FunctionSchema& schema) {
+  static std::mutex mutex;
+  static std::unordered_map<const c10::FunctionSchema*, OpPlan*> plans;
+  std::lock_guard<std::mutex> lock(mutex);
+  OpPlan*& p = plans[&schema];
+  if (p == nullptr) p = new OpPlan(make_plan(schema));  // lives for the process
+  return *p;
+}
+
+// ------------------------------------------------------------ value mapping
+
+// A copy of v with every tensor (also inside lists) replaced by f(tensor).
+template <typename F>
+c10::IValue map_tensors(const c10::IValue& v, const F& f) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    out.reserve(v.toTensorList().size());
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
+    return out;
+  }
+  if (v.isList()) {
+    c10::impl::GenericList in = v.toList();
+    c10::impl::GenericList out(in.elementType());
+    out.reserve(in.size());
+    for (const c10::IValue& e : in) out.push_back(map_tensors(e, f));
+    return out;
+  }
+  return v;
+}
+
+bool is_generator_arg(const c10::Argument& arg) {
+  const c10::TypePtr& t = arg.type();
+  if (t->kind() == c10::TypeKind::GeneratorType) return true;
+  auto opt = t->cast<c10::OptionalType>();
+  return opt && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
+
+at::Tensor meta_like(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  return at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type(),
+                                        std::nullopt, c10::Device(c10::kMeta),
+                                        std::nullopt);
+}
+
+at::Tensor device_like(const at::Tensor& meta, c10::DeviceIndex device) {
+  if (!meta.defined()) return meta;
+  return emptyDevice(meta.sizes(), meta.strides(), meta.scalar_type(), device);
+}
+
+
+// Carries a Meta kernel's resize of an out= argument over to the axon tensor.
+void apply_geometry(const at::Tensor& meta, const at::Tensor& dev) {
+  if (!meta.defined() || !dev.defined()) return;
+  if (meta.sizes() == dev.sizes() && meta.strides() == dev.strides()) return;
+  at::Tensor d = dev;
+  d.resize_(meta.sizes());
+  if (d.strides() != meta.strides()) {
+    d.as_strided_(meta.sizes(), meta.strides(), d.storage_offset());
+  }
+}
+
+void apply_geometry(const c10::IValue& meta, const c10::IValue& dev) {
+  if (meta.isTensor() && dev.isTensor()) {
+    apply_geometry(meta.toTensor(), dev.toTensor());
+  } else if (meta.isTensorList() && dev.isTensorList()) {
+    auto m = meta.toTensorList();
+    auto d = dev.toTensorList();
+    for (size_t i = 0; i < m.size() && i < d.size(); ++i) apply_geometry(m[i], d[i]);
+  }
+}
+
+// ------------------------------------------------------------ the kernel
+
+// Runs the CPU kernel on the stream worker.  Arguments and outputs are host
+// views made at launch (see cpu_kernel::capture), CPU snapshots and CPU
+// generators; `keep` holds the device storages alive.
+struct CpuWork {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;
+  std::vector<c10::IValue> outputs;  // functional ops: where results go
+  std::vector<c10::Storage> keep;
+
+  at::Tensor capture(const at::Tensor& t) {
+    if (!t.defined()) return t;
+    if (t.is_cpu()) return snapshotCpuTensor(t);
+    keep.push_back(t.storage());
+    return hostView(t);
+  }
+
+  void operator()() const {
+    // Nested ops of the CPU kernel skip autograd: they work on plain buffers.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    torch::jit::Stack stack(args.begin(), args.end());
+    const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
+    op.redispatchBoxed(cpu, &stack);
+    if (outputs.empty()) return;  // mutating
+    TORCH_INTERNAL_ASSERT(stack.size() == outputs.size());
+    for (size_t i = 0; i < outputs.size(); ++i) copy_result(stack[i], outputs[i]);
+  }
+
+  static void copy_result(const c10::IValue& result, const c10::IValue& out) {
+    if (out.isTensor()) {
+      const at::Tensor& o = out.toTensor();
+      if (o.defined() && o.numel() > 0) const_cast<at::Tensor&>(o).copy_(result.toTensor());
+    } else if (out.isTensorList()) {
+      auto r = result.toTensorList();
+      auto o = out.toTensorList();
+      for (size_t i = 0; i < o.size(); ++i) copy_result(r.get(i), o.get(i));
+    }
+  }
+};
+
+bool all_empty(const c10::IValue& v) {
+  if (v.isTensor()) return !v.toTensor().defined() || v.toTensor().numel() == 0;
+  if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) {
+      if (t.defined() && t.numel() > 0) return false;
+    }
+  }
+  return true;
+}
+
+void hash_dtypes(uint64_t& h, const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    h = h * 131 + (t.defined() ? static_cast<uint64_t>(t.scalar_type()) + 1 : 0);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) hash_dtypes(h, e);
+  }
+}
+
+uint64_t dtype_hash(const CpuWork& work) {
+  uint64_t h = 0;
+  for (const c10::IValue& v : work.args) hash_dtypes(h, v);
+  for (const c10::IValue& v : work.outputs) hash_dtypes(h, v);
+  return h;
+}
+
+void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  OpPlan& plan = plan_for(schema);
+  if (plan.kind == OpPlan::Kind::kUnsupported) return axonFallback(op, stack);
+
+  const size_t num_args = schema.arguments().size();
+  const size_t begin = stack->size() - num_args;
+  const c10::DeviceIndex device = OpDevice(schema).scan(*stack);
+
+  // Meta stand-ins: errors and result geometry.
+  torch::jit::Stack meta;
+  meta.reserve(num_args);
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::IValue& v = (*stack)[begin + i];
+    if (is_generator_arg(schema.arguments()[i]) && v.isGenerator()) {
+      meta.emplace_back();  // Meta kernels draw no numbers
+    } else if (v.isDevice()) {
+      meta.emplace_back(v.toDevice().type() == kAxon ? c10::Device(c10::kMeta) : v.toDevice());
+    } else {
+      meta.push_back(map_tensors(v, meta_like));
+    }
+  }
+  std::vector<c10::IValue> written_meta;  // meta stand-ins of mutated args
+  if (plan.kind == OpPlan::Kind::kMutating) {
+    for (size_t i = 0; i < num_args; ++i) {
+      if (plan.written[i]) written_meta.push_back(meta[i]);
+    }
+  }
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  } catch (const c10::NotImplementedError&) {
+    plan.kind = OpPlan::Kind::kUnsupported;  // no Meta kernel: tier 3 from now on
+    return axonFallback(op, stack);
+  }
+
+  if (plan.kind == OpPlan::Kind::kMutating) {  // out= tensors take their new shapes
+    size_t w = 0;
+    for (size_t i = 0; i < num_args; ++i) {
+      if (plan.written[i]) apply_geometry(written_meta[w++], (*stack)[begin + i]);
+    }
+  }
+
+  CpuWork work{op, {}, {}, {}};
+  work.args.reserve(num_args);
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& v = (*stack)[begin + i];
+    if (is_generator_arg(schema.arguments()[i])) {
+      std::optional<at::Generator> gen;
+      if (v.isGenerator()) gen = v.toGenerator();
+      if (!gen.has_value() || gen->device().type() == kAxon) {
+        work.args.emplace_back(cpuGeneratorFor(gen, device));
+        continue;
+      }
+    }
+    if (v.isDevice() && v.toDevice().type() == kAxon) {
+      work.args.emplace_back(c10::Device(c10::kCPU));
+      continue;
+    }
+    work.args.push_back(map_tensors(v, [&](const at::Tensor& t) { return work.capture(t); }));
+  }
+
+  const char* name = plan.name.c_str();
+  if (plan.kind == OpPlan::Kind::kMutating) {
+    std::vector<c10::IValue> returns;
+    for (size_t r : plan.return_arg) returns.push_back((*stack)[begin + r]);
+    const uint64_t dtypes = dtype_hash(work);
+    launchChecked(device, name, dtypes, std::move(work));
+    torch::jit::drop(*stack, num_args);
+    for (auto& r : returns) stack->push_back(std::move(r));
+    return;
+  }
+
+  bool empty = true;
+  std::vector<c10::IValue> results;
+  for (const c10::IValue& m : meta) {
+    results.push_back(map_tensors(m, [&](const at::Tensor& t) { return device_like(t, device); }));
+    empty = empty && all_empty(results.back());
+    work.outputs.push_back(map_tensors(results.back(), [&](const at::Tensor& t) {
+      return work.capture(t);
+    }));
+  }
+  if (!empty) {
+    const uint64_t dtypes = dtype_hash(work);
+    launchChecked(device, name, dtypes, std::move(work));
+  }
+  torch::jit::drop(*stack, num_args);
+  for (auto& r : results) stack->push_back(std::move(r));
+}
+
+}  // namespace
+
+void asyncBoxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  async_kernel(op, stack);
+}
+
+namespace {
+
+// Ops run by the generic kernel: off the hottest paths (their Meta kernels
+// are often Python), but each must not stall the stream.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* op : {
+           // training-step ops outside the hottest loop
+           "embedding_dense_backward", "native_dropout_backward",
+           "_index_put_impl_", "index_put_", "index_fill_.int_Scalar", "index_fill_.int_Tensor",
+           "index_copy.out", "masked_scatter_", "scatter_reduce.two_out", "scatter.reduce_out",
+           "scatter.value_reduce_out",
+           // reductions and norms
+           "var.correction", "var.correction_out", "std.correction", "std.correction_out",
+           "var_mean.correction", "std_mean.correction", "linalg_vector_norm.out",
+           "norm.out", "logsumexp.out", "prod.int_out", "prod",
+           "cumprod.out", "sum", "mean", "nansum.out", "histc", "histc.out",
+           "aminmax.out", "aminmax",
+           // elementwise ops off the hot path
+           "logical_not.out", "logical_and.out", "logical_or.out", "logical_xor.out",
+           "abs.out", "sign.out", "floor.out", "ceil.out", "round.out", "trunc.out",
+           "fmod.Tensor_out", "fmod.Scalar_out", "remainder.Tensor_out", "remainder.Scalar_out",
+           "atan2.out", "expm1.out", "log2.out", "log10.out", "exp2.out", "erfinv.out",
+           "hardtanh.out", "hardtanh_backward.grad_input", "leaky_relu.out",
+           "leaky_relu_backward.grad_input", "softplus.out", "softplus_backward.grad_input",
+           "elu.out", "elu_backward.grad_input", "mish.out", 
+           "hardsigmoid.out", "hardswish.out", "glu.out", "glu_backward.grad_input",
+           "logit.out", "xlogy.OutTensor", "nan_to_num.out", "isnan", "isinf",
+           "bitwise_left_shift.Tensor_out", "bitwise_right_shift.Tensor_out",
+           "floor_divide.out", "sgn.out", "frac.out", "heaviside.out", "hypot.out",
+           "copysign.out", "signbit.out", "lgamma.out", "digamma.out", "sinh.out",
+           "cosh.out", "asin.out", "acos.out", "atan.out", "tan.out", "asinh.out",
+           "acosh.out", "atanh.out", "exponential_", "cauchy_", "log_normal_", "geometric_",
+           // shapes, sorting, indexing
+           "flip", "roll", "sort.stable", "topk", "kthvalue.values",
+           "mode", "median.dim_values", "cumsum", "searchsorted.Tensor",
+           "searchsorted.Tensor_out", "bucketize.Tensor", "bucketize.Tensor_out",
+           "unfold_backward", "im2col", "col2im",
+           "reflection_pad1d.out", "reflection_pad2d.out",
+           "replication_pad1d.out", "replication_pad2d.out", "upsample_nearest2d.out",
+           "upsample_bilinear2d.out", "_embedding_bag", "_embedding_bag_forward_only",
+           "polar.out", "complex.out", "linalg_cross.out", 
+           "binary_cross_entropy", "binary_cross_entropy_backward", "mse_loss.out",
+           "mse_loss_backward.grad_input", "smooth_l1_loss.out", "huber_loss.out",
+           "nll_loss2d_forward.output", "nll_loss2d_backward.grad_input",
+           // random ops: numbers reserved from the axon generator at launch
+           "bernoulli_.float", "bernoulli_.Tensor", "bernoulli.out", "uniform_", "normal_",
+           "normal.Tensor_float", "normal.float_Tensor", "normal.Tensor_Tensor", "random_",
+           "random_.from", "random_.to", "randperm.generator_out", 
+       }) {
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&asyncBoxedKernel>());
+  }
+}
+
+}  // namespace
+
+}  // namespace at::axon

@@ -1,0 +1,156 @@
+// Running an ATen CPU kernel as stream work, from unboxed arguments.
+//
+// launchCpuKernel(device, name, fn, args...) captures the arguments by value
+// (device tensors by reference count, CPU tensors as snapshots, array refs as
+// vectors), and on the stream worker calls fn with host views of the device
+// tensors.  fn is usually an at::cpu:: function, which runs the CPU kernel
+// without going through the dispatcher again.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include <ATen/Tensor.h>
+#include <ATen/core/IListRef.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/List.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/OptionalArrayRef.h>
+
+#include "HostView.h"
+#include "Launch.h"
+
+namespace at::axon::cpu_kernel {
+
+// ---- capture: what the kernel keeps until it runs.  A device tensor is
+// captured as a host view made now, so that later in-place metadata changes
+// on the host (t_(), resize_() ...) do not affect the kernel, as a CUDA kernel
+// takes pointers and strides at launch; its storage is kept alive with it.
+struct DeviceView {
+  at::Tensor view;
+  c10::Storage storage;
+};
+inline DeviceView capture(const at::Tensor& t) {
+  if (!t.defined()) return {t, {}};
+  if (t.is_cpu()) return {snapshotCpuTensor(t), {}};
+  return {hostView(t), t.storage()};
+}
+inline std::optional<DeviceView> capture(const std::optional<at::Tensor>& t) {
+  if (!t.has_value()) return std::nullopt;
+  return capture(*t);
+}
+inline std::vector<int64_t> capture(c10::IntArrayRef a) { return a.vec(); }
+inline std::optional<std::vector<int64_t>> capture(at::OptionalIntArrayRef a) {
+  if (!a.has_value()) return std::nullopt;
+  return a->vec();
+}
+inline std::vector<DeviceView> capture(const at::ITensorListRef& list) {
+  std::vector<DeviceView> out;
+  for (const at::Tensor& t : list) out.push_back(capture(t));
+  return out;
+}
+inline std::vector<DeviceView> capture(at::TensorList list) {
+  std::vector<DeviceView> out;
+  for (const at::Tensor& t : list) out.push_back(capture(t));
+  return out;
+}
+inline std::vector<std::optional<DeviceView>> capture(
+    const c10::List<std::optional<at::Tensor>>& list) {
+  std::vector<std::optional<DeviceView>> out;
+  for (const std::optional<at::Tensor>& t : list) out.push_back(capture(t));
+  return out;
+}
+inline std::string capture(std::string_view s) { return std::string(s); }
+template <typename T>
+T capture(const T& v) {
+  return v;
+}
+
+// ---- host: what the CPU kernel receives
+inline const at::Tensor& host(const DeviceView& v) { return v.view; }
+inline std::optional<at::Tensor> host(const std::optional<DeviceView>& v) {
+  if (!v.has_value()) return std::nullopt;
+  return v->view;
+}
+inline c10::IntArrayRef host(const std::vector<int64_t>& v) { return v; }
+inline at::OptionalIntArrayRef host(const std::optional<std::vector<int64_t>>& v) {
+  if (!v.has_value()) return std::nullopt;
+  return c10::IntArrayRef(*v);
+}
+// A list of host views that passes as either kind of tensor list.
+struct HostTensorList {
+  std::vector<at::Tensor> views;
+  operator at::ITensorListRef() const { return at::ITensorListRef(views); }
+  operator at::TensorList() const { return views; }
+};
+inline HostTensorList host(const std::vector<DeviceView>& v) {
+  HostTensorList out;
+  for (const DeviceView& t : v) out.views.push_back(t.view);
+  return out;
+}
+inline c10::List<std::optional<at::Tensor>> host(
+    const std::vector<std::optional<DeviceView>>& list) {
+  c10::List<std::optional<at::Tensor>> out;
+  for (const std::optional<DeviceView>& t : list) out.push_back(host(t));
+  return out;
+}
+inline std::string_view host(const std::string& s) { return s; }
+template <typename T>
+const T& host(const T& v) {
+  return v;
+}
+
+// ---- the dtypes of the tensor arguments, hashed (see launchChecked)
+inline void add_dtypes(uint64_t& h, const DeviceView& v) {
+  h = h * 131 + (v.view.defined() ? static_cast<uint64_t>(v.view.scalar_type()) + 1 : 0);
+}
+inline void add_dtypes(uint64_t& h, const std::optional<DeviceView>& v) {
+  if (v.has_value()) add_dtypes(h, *v);
+}
+template <typename T>
+void add_dtypes(uint64_t&, const T&) {}
+template <typename V>
+void add_dtypes(uint64_t& h, const std::vector<V>& list) {
+  for (const V& v : list) add_dtypes(h, v);
+}
+
+template <typename Fn, typename Tuple, size_t... I>
+void call_on_host(const Fn& fn, const Tuple& captured, std::index_sequence<I...>) {
+  // Materialised first so that out= parameters (Tensor&) bind to lvalues.
+  auto views = std::make_tuple(host(std::get<I>(captured))...);
+  fn(std::get<I>(views)...);
+}
+
+}  // namespace at::axon::cpu_kernel
+
+namespace at::axon {
+
+template <typename Fn, typename... Args>
+void launchCpuKernel(c10::DeviceIndex device, const char* name, Fn fn, const Args&... args) {
+  auto captured = std::make_tuple(cpu_kernel::capture(args)...);
+  uint64_t dtypes = 0;
+  std::apply([&](const auto&... c) { (cpu_kernel::add_dtypes(dtypes, c), ...); }, captured);
+  launchChecked(device, name, dtypes, [fn, captured = std::move(captured)]() {
+    // The kernel's nested ops work on plain CPU buffers: no autograd.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    cpu_kernel::call_on_host(fn, captured, std::index_sequence_for<Args...>{});
+  });
+}
+
+// Raises PyTorch's error unless every tensor is on axon:`device` (CPU 0-dim
+// tensors excepted, as everywhere in PyTorch).
+void checkSameDevice(const char* op, c10::DeviceIndex device, const at::Tensor& t);
+inline void checkSameDevice(const char* op, c10::DeviceIndex device,
+                            const std::optional<at::Tensor>& t) {
+  if (t.has_value()) checkSameDevice(op, device, *t);
+}
+inline void checkSameDevice(const char* op, c10::DeviceIndex device,
+                            const at::ITensorListRef& list) {
+  for (const at::Tensor& t : list) checkSameDevice(op, device, t);
+}
+template <typename T>
+void checkSameDevice(const char*, c10::DeviceIndex, const T&) {}
+
+}  // namespace at::axon

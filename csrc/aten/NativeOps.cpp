@@ -1,0 +1,318 @@
+// Tier 2 for hot ops that ATen does not structure (no meta function to
+// borrow): the host does PyTorch's argument checks and works out the result's
+// shape itself, then enqueues the at::cpu:: kernel.  Random ops reserve their
+// numbers from the axon generator at launch, so results do not depend on when
+// the stream runs them.
+#include <cmath>
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/native/Resize.h>
+#include <ATen/native/TypeProperties.h>
+#include <ATen/ops/arange_cpu_dispatch.h>
+#include <ATen/ops/clamp_min_cpu_dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/fill_cpu_dispatch.h>
+#include <ATen/ops/index_select_cpu_dispatch.h>
+#include <ATen/ops/masked_fill_cpu_dispatch.h>
+#include <ATen/ops/max_cpu_dispatch.h>
+#include <ATen/ops/min_cpu_dispatch.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/multinomial_cpu_dispatch.h>
+#include <ATen/ops/where_cpu_dispatch.h>
+#include <ATen/ops/zero_cpu_dispatch.h>
+#include <torch/library.h>
+
+#include "../core/AxonGenerator.h"
+#include "CpuKernel.h"
+
+namespace at::axon {
+namespace {
+
+// The axon device of an op's main tensor (the others are checked against it).
+c10::DeviceIndex device_of(const at::Tensor& t, const char* op) {
+  if (t.device().type() != kAxon) {
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least "
+                "two devices, ", t.device(), " and axon! (when checking arguments for ", op, ")");
+  }
+  return t.device().index();
+}
+
+at::Tensor empty_like_contiguous(c10::IntArrayRef sizes, c10::ScalarType dtype,
+                                 c10::DeviceIndex device) {
+  return emptyDevice(sizes, c10::contiguous_strides(sizes), dtype, device);
+}
+
+// ------------------------------------------------------------ fills
+
+at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
+  const auto device = device_of(self, "fill_");
+  if (self.numel() > 0) {
+    launchCpuKernel(device, "aten::fill_.Scalar",
+                    static_cast<at::Tensor& (*)(at::Tensor&, const at::Scalar&)>(&at::cpu::fill_),
+                    self, value);
+  }
+  return self;
+}
+
+at::Tensor& fill_tensor(at::Tensor& self, const at::Tensor& value) {
+  TORCH_CHECK(value.dim() == 0,
+              "fill_ only supports 0-dimension value tensor but got tensor with ",
+              value.dim(), " dimensions.");
+  const auto device = device_of(self, "fill_");
+  checkSameDevice("aten::fill_.Tensor", device, value);
+  if (self.numel() > 0) {
+    launchCpuKernel(device, "aten::fill_.Tensor",
+                    static_cast<at::Tensor& (*)(at::Tensor&, const at::Tensor&)>(&at::cpu::fill_),
+                    self, value);
+  }
+  return self;
+}
+
+at::Tensor& zero_(at::Tensor& self) {
+  const auto device = device_of(self, "zero_");
+  if (self.numel() > 0) launchCpuKernel(device, "aten::zero_", &at::cpu::zero_, self);
+  return self;
+}
+
+void check_mask(const char* op, const at::Tensor& self, const at::Tensor& mask) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool, op,
+              " only supports boolean masks, but got mask with dtype ", mask.scalar_type());
+  TORCH_CHECK(at::infer_size(self.sizes(), mask.sizes()) == self.sizes(), op,
+              ": the shape of the mask ", mask.sizes(),
+              " must be broadcastable to the shape of self ", self.sizes());
+}
+
+at::Tensor& masked_fill_scalar(at::Tensor& self, const at::Tensor& mask,
+                               const at::Scalar& value) {
+  const auto device = device_of(self, "masked_fill_");
+  checkSameDevice("aten::masked_fill_.Scalar", device, mask);
+  check_mask("masked_fill_", self, mask);
+  if (self.numel() > 0) {
+    launchCpuKernel(device, "aten::masked_fill_.Scalar",
+                    static_cast<at::Tensor& (*)(at::Tensor&, const at::Tensor&, const at::Scalar&)>(
+                        &at::cpu::masked_fill_),
+                    self, mask, value);
+  }
+  return self;
+}
+
+at::Tensor& masked_fill_tensor(at::Tensor& self, const at::Tensor& mask,
+                               const at::Tensor& value) {
+  TORCH_CHECK(value.dim() == 0,
+              "masked_fill_ only supports a 0-dimensional value tensor, but got tensor with ",
+              value.dim(), " dimension(s).");
+  const auto device = device_of(self, "masked_fill_");
+  checkSameDevice("aten::masked_fill_.Tensor", device, mask);
+  checkSameDevice("aten::masked_fill_.Tensor", device, value);
+  check_mask("masked_fill_", self, mask);
+  if (self.numel() > 0) {
+    launchCpuKernel(device, "aten::masked_fill_.Tensor",
+                    static_cast<at::Tensor& (*)(at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+                        &at::cpu::masked_fill_),
+                    self, mask, value);
+  }
+  return self;
+}
+
+// ------------------------------------------------------------ selection
+
+at::Tensor& where_out(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other,
+                      at::Tensor& out) {
+  const auto device = device_of(out, "where");
+  for (const at::Tensor* t : {&cond, &self, &other}) checkSameDevice("aten::where.self_out", device, *t);
+  TORCH_CHECK(cond.scalar_type() == at::kBool || cond.scalar_type() == at::kByte,
+              "where expected condition to be a boolean tensor, but got a tensor with dtype ",
+              cond.scalar_type());
+  const auto sizes = at::infer_size(cond.sizes(), at::infer_size(self.sizes(), other.sizes()));
+  at::native::resize_output(out, sizes);
+  if (out.numel() > 0) {
+    launchCpuKernel(device, "aten::where.self_out", &at::cpu::where_outf, cond, self, other, out);
+  }
+  return out;
+}
+
+at::Tensor where(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other) {
+  c10::DeviceIndex device = -1;
+  for (const at::Tensor* t : {&cond, &self, &other}) {
+    if (t->device().type() == kAxon) device = t->device().index();
+  }
+  TORCH_CHECK(device >= 0, "where: expected an axon tensor");
+  at::Tensor out = emptyDevice({0}, {1}, at::result_type(self, other), device);
+  return where_out(cond, self, other, out);
+}
+
+at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                             at::Tensor& out) {
+  const auto device = device_of(out, "index_select");
+  checkSameDevice("aten::index_select.out", device, self);
+  checkSameDevice("aten::index_select.out", device, index);
+  TORCH_CHECK(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
+  TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
+              "index_select(): Expected dtype int32 or int64 for index");
+  TORCH_CHECK(self.scalar_type() == out.scalar_type(),
+              "index_select(): self and result must have the same scalar type");
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  std::vector<int64_t> sizes = self.sizes().vec();
+  if (self.dim() > 0) sizes[dim] = index.numel();
+  at::native::resize_output(out, sizes);
+  if (out.numel() > 0) {
+    launchCpuKernel(device, "aten::index_select.out", &at::cpu::index_select_outf, self, dim,
+                    index, out);
+  }
+  return out;
+}
+
+at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  at::Tensor out = emptyDevice({0}, {1}, self.scalar_type(), device_of(self, "index_select"));
+  return index_select_out(self, dim, index, out);
+}
+
+// ------------------------------------------------------------ factories
+
+at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step,
+                       at::Tensor& out) {
+  const auto device = device_of(out, "arange");
+  // ATen works in the output's accumulate type: int64 for integral outputs.
+  const bool integral = c10::isIntegralType(out.scalar_type(), /*includeBool=*/true);
+  auto acc = [&](const at::Scalar& v) {
+    return integral ? static_cast<double>(v.toLong()) : v.toDouble();
+  };
+  const double xstart = acc(start), xend = acc(end), xstep = acc(step);
+  TORCH_CHECK_VALUE(xstep > 0 || xstep < 0, "step must be nonzero");
+  TORCH_CHECK(std::isfinite(xstart) && std::isfinite(xend), "unsupported range: ", xstart,
+              " -> ", xend);
+  TORCH_CHECK(((xstep > 0) && (xend >= xstart)) || ((xstep < 0) && (xend <= xstart)),
+              "upper bound and larger bound inconsistent with step sign");
+  double size_d;
+  if (out.scalar_type() == at::kLong) {
+    const int64_t s = start.toLong(), e = end.toLong(), st = step.toLong();
+    const int64_t sgn = (st > 0) - (st < 0);
+    size_d = static_cast<double>((e - s + st - sgn) / st);  // integer division, as ATen
+  } else {
+    size_d = std::ceil((end.toDouble() - start.toDouble()) / step.toDouble());
+  }
+  TORCH_CHECK(size_d >= 0 && size_d <= static_cast<double>(std::numeric_limits<int64_t>::max()),
+              "invalid size, possible overflow?");
+  const int64_t size = static_cast<int64_t>(size_d);
+  if (out.numel() != size) out.resize_({size});
+  if (size > 0) {
+    launchCpuKernel(device, "aten::arange.start_out", &at::cpu::arange_outf, start, end, step, out);
+  }
+  return out;
+}
+
+// ------------------------------------------------------------ activations
+
+at::Tensor relu(const at::Tensor& self) {
+  TORCH_CHECK(self.scalar_type() != at::kBool, "Boolean inputs not supported for relu");
+  const auto device = device_of(self, "relu");
+  at::Tensor out = empty_like_contiguous(self.sizes(), self.scalar_type(), device);
+  if (out.numel() > 0) {
+    launchCpuKernel(device, "aten::relu",
+                    static_cast<at::Tensor& (*)(const at::Tensor&, const at::Scalar&, at::Tensor&)>(
+                        &at::cpu::clamp_min_outf),
+                    self, at::Scalar(0), out);
+  }
+  return out;
+}
+
+at::Tensor& relu_(at::Tensor& self) {
+  TORCH_CHECK(self.scalar_type() != at::kBool, "Boolean inputs not supported for relu");
+  const auto device = device_of(self, "relu_");
+  if (self.numel() > 0) {
+    launchCpuKernel(device, "aten::relu_",
+                    static_cast<at::Tensor& (*)(const at::Tensor&, const at::Scalar&, at::Tensor&)>(
+                        &at::cpu::clamp_min_outf),
+                    self, at::Scalar(0), self);
+  }
+  return self;
+}
+
+// ------------------------------------------------------------ reductions
+
+template <at::Tensor& (*Fn)(const at::Tensor&, at::Tensor&)>
+at::Tensor reduce_all(const at::Tensor& self, const char* name, const char* op) {
+  TORCH_CHECK(self.numel() > 0, name,
+              "(): Expected reduction dim to be specified for input.numel() == 0. "
+              "Specify the reduction dim with the 'dim' argument.");
+  const auto device = device_of(self, name);
+  at::Tensor out = emptyDevice({}, {}, self.scalar_type(), device);
+  launchCpuKernel(device, op, Fn, self, out);
+  return out;
+}
+
+at::Tensor max_all(const at::Tensor& self) {
+  return reduce_all<&at::cpu::max_outf>(self, "max", "aten::max");
+}
+at::Tensor min_all(const at::Tensor& self) {
+  return reduce_all<&at::cpu::min_outf>(self, "min", "aten::min");
+}
+
+// ------------------------------------------------------------ random
+
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
+                                                  std::optional<bool> train) {
+  const auto device = device_of(input, "native_dropout");
+  TORCH_CHECK(p >= 0 && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
+  at::Tensor out = empty_like_contiguous(input.sizes(), input.scalar_type(), device);
+  at::Tensor mask = empty_like_contiguous(input.sizes(), at::kBool, device);
+  if (input.numel() == 0) return {out, mask};
+  if (train.has_value() && !*train) {
+    out.copy_(input);
+    mask.fill_(true);
+    return {out, mask};
+  }
+  at::Generator gen = cpuGeneratorFor(std::nullopt, device);
+  launchCpuKernel(device, "aten::native_dropout",
+                  [p, gen](const at::Tensor& in, at::Tensor& o, at::Tensor& m) {
+                    const double keep = 1 - p;
+                    at::Tensor noise = at::empty(in.sizes(), in.options()).bernoulli_(keep, gen);
+                    m.copy_(noise);
+                    at::mul_out(o, in, noise);
+                    if (keep > 0) o.mul_(1.0 / keep);
+                  },
+                  input, out, mask);
+  return {out, mask};
+}
+
+at::Tensor multinomial(const at::Tensor& self, int64_t n, bool replacement,
+                       std::optional<at::Generator> gen) {
+  const auto device = device_of(self, "multinomial");
+  TORCH_CHECK(self.dim() > 0 && self.dim() <= 2, "prob_dist must be 1 or 2 dim");
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()),
+              "multinomial only supports floating-point dtypes for input, got: ",
+              self.scalar_type());
+  TORCH_CHECK(n > 0, "cannot sample n_sample <= 0 samples");
+  const int64_t categories = self.size(-1);
+  TORCH_CHECK(replacement || n <= categories,
+              "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+  std::vector<int64_t> sizes = self.sizes().vec();
+  sizes.back() = n;
+  at::Tensor out = empty_like_contiguous(sizes, at::kLong, device);
+  at::Generator cpu_gen = cpuGeneratorFor(gen, device);
+  launchCpuKernel(device, "aten::multinomial", &at::cpu::multinomial_outf, self, n, replacement,
+                  std::optional<at::Generator>(cpu_gen), out);
+  return out;
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("fill_.Scalar", fill_scalar);
+  m.impl("fill_.Tensor", fill_tensor);
+  m.impl("zero_", zero_);
+  m.impl("masked_fill_.Scalar", masked_fill_scalar);
+  m.impl("masked_fill_.Tensor", masked_fill_tensor);
+  m.impl("where.self", where);
+  m.impl("where.self_out", where_out);
+  m.impl("index_select", index_select);
+  m.impl("index_select.out", index_select_out);
+  m.impl("arange.start_out", arange_out);
+  m.impl("relu", relu);
+  m.impl("relu_", relu_);
+  m.impl("max", max_all);
+  m.impl("min", min_all);
+  m.impl("native_dropout", native_dropout);
+  m.impl("multinomial", multinomial);
+}
+
+}  // namespace
+}  // namespace at::axon

@@ -1,0 +1,25 @@
+// Work enqueued on axon streams by csrc/ (kernels of native ops).
+//
+// A kernel holds references to the tensors it touches until it has run, so
+// memory the host frees meanwhile is not reused early.  Those references are
+// dropped by the host thread (releaseFinishedWork, on each launch, each
+// synchronisation and before an out-of-memory error), never by the stream
+// worker: the last reference to a tensor may own its Python object, whose
+// release takes the GIL, which the host may hold while it waits for the
+// stream.
+#pragma once
+
+#include <functional>
+
+#include <c10/core/Device.h>
+
+namespace at::axon {
+
+// Enqueues fn on device's current stream.  `name` must outlive the process
+// (a string literal or an interned name); it labels asynchronous errors.
+void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn);
+
+// Drops the references held by kernels that have run.
+void releaseFinishedWork();
+
+}  // namespace at::axon
