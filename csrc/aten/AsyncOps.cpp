@@ -392,7 +392,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "var.correction", "var.correction_out", "std.correction", "std.correction_out",
            "var_mean.correction", "std_mean.correction", "linalg_vector_norm.out",
            "norm.out", "logsumexp.out", "prod.int_out", "prod",
-           "cumprod.out", "sum", "mean", "nansum.out", "histc", "histc.out",
+           "cumprod.out", "sum", "mean", "nansum.out", "histc.out",
            "aminmax.out", "aminmax",
            // elementwise ops off the hot path
            "logical_not.out", "logical_and.out", "logical_or.out", "logical_xor.out",
@@ -405,7 +405,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "hardsigmoid.out", "hardswish.out", "glu.out", "glu_backward.grad_input",
            "logit.out", "xlogy.OutTensor", "nan_to_num.out", "isnan", "isinf",
            "bitwise_left_shift.Tensor_out", "bitwise_right_shift.Tensor_out",
-           "floor_divide.out", "sgn.out", "frac.out", "heaviside.out", "hypot.out",
+           "floor_divide", "floor_divide.out", "floor_divide_.Tensor", "sgn.out", "frac.out", "heaviside.out", "hypot.out",
            "copysign.out", "signbit.out", "lgamma.out", "digamma.out", "sinh.out",
            "cosh.out", "asin.out", "acos.out", "atan.out", "tan.out", "asinh.out",
            "acosh.out", "atanh.out", "exponential_", "cauchy_", "log_normal_", "geometric_",

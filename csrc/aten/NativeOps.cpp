@@ -12,6 +12,7 @@
 #include <ATen/ops/clamp_min_cpu_dispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/fill_cpu_dispatch.h>
+#include <ATen/ops/histc.h>
 #include <ATen/ops/index_select_cpu_dispatch.h>
 #include <ATen/ops/masked_fill_cpu_dispatch.h>
 #include <ATen/ops/max_cpu_dispatch.h>
@@ -248,6 +249,24 @@ at::Tensor min_all(const at::Tensor& self) {
   return reduce_all<&at::cpu::min_outf>(self, "min", "aten::min");
 }
 
+// histc: integer inputs too, as on CUDA (ATen's CPU kernel takes floating
+// types only; integers are counted through float32, exact below 2^24).
+at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
+                 const at::Scalar& max) {
+  const auto device = device_of(self, "histc");
+  TORCH_CHECK(bins > 0, "torch.histogram(): bins must be > 0, but got ", bins, " for dimension 0");
+  at::Tensor out = empty_like_contiguous({bins}, self.scalar_type(), device);
+  launchCpuKernel(device, "aten::histc",
+                  [bins](const at::Tensor& in, const at::Scalar& lo, const at::Scalar& hi,
+                         at::Tensor& o) {
+                    const bool integral = c10::isIntegralType(in.scalar_type(), true);
+                    at::Tensor x = integral ? in.to(at::kFloat) : in;
+                    o.copy_(at::histc(x, bins, lo, hi));
+                  },
+                  self, min, max, out);
+  return out;
+}
+
 // ------------------------------------------------------------ random
 
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
@@ -310,6 +329,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("relu_", relu_);
   m.impl("max", max_all);
   m.impl("min", min_all);
+  m.impl("histc", histc);
   m.impl("native_dropout", native_dropout);
   m.impl("multinomial", multinomial);
 }
