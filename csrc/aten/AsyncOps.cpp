@@ -392,7 +392,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "var.correction", "var.correction_out", "std.correction", "std.correction_out",
            "var_mean.correction", "std_mean.correction", "linalg_vector_norm.out",
            "norm.out", "logsumexp.out", "prod.int_out", "prod",
-           "cumprod.out", "sum", "mean", "nansum.out", "histc.out",
+           "cumprod.out", "nansum.out", "histc.out",
            "aminmax.out", "aminmax",
            // elementwise ops off the hot path
            "logical_not.out", "logical_and.out", "logical_or.out", "logical_xor.out",

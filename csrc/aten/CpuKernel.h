@@ -25,17 +25,52 @@
 namespace at::axon::cpu_kernel {
 
 // ---- capture: what the kernel keeps until it runs.  A device tensor is
-// captured as a host view made now, so that later in-place metadata changes
+// captured by its geometry at launch, so that later in-place metadata changes
 // on the host (t_(), resize_() ...) do not affect the kernel, as a CUDA kernel
 // takes pointers and strides at launch; its storage is kept alive with it.
+// The host view is built by the stream worker, so launching allocates
+// nothing on the host for it.  CPU tensors are snapshots; Python numbers
+// (wrapped 0-dim tensors) travel as Scalars.
 struct DeviceView {
-  at::Tensor view;
   c10::Storage storage;
+  at::Tensor cpu;
+  std::optional<at::Scalar> number;
+  c10::SmallVector<int64_t, 5> sizes, strides;
+  int64_t offset = 0;
+  caffe2::TypeMeta dtype;
+  bool conj = false, neg = false;
+
+  at::Tensor view() const {
+    if (number.has_value()) return wrappedNumber(*number, dtype.toScalarType());
+    if (!storage) return cpu;
+    return hostView(storage, sizes, strides, offset, dtype, conj, neg);
+  }
+  c10::ScalarType scalar_type() const {
+    return storage || number.has_value() ? dtype.toScalarType()
+                                         : (cpu.defined() ? cpu.scalar_type() : c10::ScalarType::Undefined);
+  }
+  bool defined() const { return storage || number.has_value() || cpu.defined(); }
 };
 inline DeviceView capture(const at::Tensor& t) {
-  if (!t.defined()) return {t, {}};
-  if (t.is_cpu()) return {snapshotCpuTensor(t), {}};
-  return {hostView(t), t.storage()};
+  DeviceView v;
+  if (!t.defined()) return v;
+  if (t.is_cpu()) {
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      v.number = wrappedNumberValue(t);
+      v.dtype = t.dtype();
+    } else {
+      v.cpu = snapshotCpuTensor(t);
+    }
+    return v;
+  }
+  v.storage = t.storage();
+  v.sizes.assign(t.sizes().begin(), t.sizes().end());
+  v.strides.assign(t.strides().begin(), t.strides().end());
+  v.offset = t.storage_offset();
+  v.dtype = t.dtype();
+  v.conj = t.is_conj();
+  v.neg = t.is_neg();
+  return v;
 }
 inline std::optional<DeviceView> capture(const std::optional<at::Tensor>& t) {
   if (!t.has_value()) return std::nullopt;
@@ -69,10 +104,10 @@ T capture(const T& v) {
 }
 
 // ---- host: what the CPU kernel receives
-inline const at::Tensor& host(const DeviceView& v) { return v.view; }
+inline at::Tensor host(const DeviceView& v) { return v.view(); }
 inline std::optional<at::Tensor> host(const std::optional<DeviceView>& v) {
   if (!v.has_value()) return std::nullopt;
-  return v->view;
+  return v->view();
 }
 inline c10::IntArrayRef host(const std::vector<int64_t>& v) { return v; }
 inline at::OptionalIntArrayRef host(const std::optional<std::vector<int64_t>>& v) {
@@ -87,7 +122,7 @@ struct HostTensorList {
 };
 inline HostTensorList host(const std::vector<DeviceView>& v) {
   HostTensorList out;
-  for (const DeviceView& t : v) out.views.push_back(t.view);
+  for (const DeviceView& t : v) out.views.push_back(t.view());
   return out;
 }
 inline c10::List<std::optional<at::Tensor>> host(
@@ -104,7 +139,7 @@ const T& host(const T& v) {
 
 // ---- the dtypes of the tensor arguments, hashed (see launchChecked)
 inline void add_dtypes(uint64_t& h, const DeviceView& v) {
-  h = h * 131 + (v.view.defined() ? static_cast<uint64_t>(v.view.scalar_type()) + 1 : 0);
+  h = h * 131 + (v.defined() ? static_cast<uint64_t>(v.scalar_type()) + 1 : 0);
 }
 inline void add_dtypes(uint64_t& h, const std::optional<DeviceView>& v) {
   if (v.has_value()) add_dtypes(h, *v);

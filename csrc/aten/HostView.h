@@ -13,6 +13,15 @@ namespace at::axon {
 // the caller notices the storage changed.
 at::Tensor hostView(const at::Tensor& t, bool resizable = false);
 
+// The same from a device storage and a geometry.
+at::Tensor hostView(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                    int64_t offset, caffe2::TypeMeta dtype, bool conj, bool neg);
+
+// A Python number as PyTorch wraps it (a 0-dim CPU tensor marked as a
+// wrapped number, which type promotion treats as a scalar), and back.
+at::Tensor wrappedNumber(const at::Scalar& value, c10::ScalarType dtype);
+at::Scalar wrappedNumberValue(const at::Tensor& t);
+
 // An axon tensor on `device` holding a copy of the CPU tensor `src`
 // (same strides when src is dense).
 at::Tensor copyToDevice(const at::Tensor& src, c10::DeviceIndex device);

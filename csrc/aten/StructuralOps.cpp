@@ -1,6 +1,7 @@
 // Tier 1: the structural ops every backend must provide itself: allocation,
 // views, resizing, copies across devices, reading a scalar.
 #include <ATen/EmptyTensor.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -21,6 +22,35 @@
 namespace at::axon {
 
 // ------------------------------------------------------------ host views
+
+at::Tensor hostView(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                    int64_t offset, caffe2::TypeMeta dtype, bool conj, bool neg) {
+  c10::Storage cpu_storage(
+      c10::Storage::use_byte_size_t(), storage.nbytes(),
+      c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)), nullptr, false);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
+  impl->set_sizes_and_strides(sizes, strides, offset);
+  impl->_set_conj(conj);
+  impl->_set_neg(neg);
+  return at::Tensor(std::move(impl));
+}
+
+at::Tensor wrappedNumber(const at::Scalar& value, c10::ScalarType dtype) {
+  at::Tensor t = at::detail::scalar_tensor_static(value, dtype, c10::Device(c10::kCPU));
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+at::Scalar wrappedNumberValue(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kDouble: return *t.const_data_ptr<double>();
+    case at::kLong: return *t.const_data_ptr<int64_t>();
+    case at::kBool: return *t.const_data_ptr<bool>();
+    case at::kComplexDouble: return *t.const_data_ptr<c10::complex<double>>();
+    default: return t.item();
+  }
+}
 
 at::Tensor hostView(const at::Tensor& t, bool resizable) {
   const c10::Storage& storage = t.storage();
