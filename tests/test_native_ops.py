@@ -510,12 +510,7 @@ def test_rms_norm_module_and_fused_op(dtype, no_fallback):
                                atol=1e-3)
 
 
-RMS_NORM_DTYPE_BUG = ("rms_norm of inputs our kernel does not take (float64, ints) reaches "
-                      "_fused_rms_norm on axon, which raises RuntimeError 'unsupported dtype' "
-                      "(reported bug)")
 
-
-@pytest.mark.xfail(strict=True, reason=RMS_NORM_DTYPE_BUG)
 def test_rms_norm_float64_like_cpu():
     x = make((3, 8), torch.float64, seed=1)
     w = make((8,), torch.float64, 0.5, 1.5, seed=2)
@@ -848,8 +843,7 @@ ERROR_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", [c for c in ERROR_CASES if c != "rms_norm_int"] + [
-    pytest.param("rms_norm_int", marks=pytest.mark.xfail(strict=True, reason=RMS_NORM_DTYPE_BUG))])
+@pytest.mark.parametrize("case", list(ERROR_CASES))
 def test_errors_are_raised_at_the_call_like_cpu(case):
     fn, args = ERROR_CASES[case]
     cpu_and_axon_raise_alike(fn, args)

@@ -44,15 +44,22 @@ namespace at::axon {
 
 void launchChecked(c10::DeviceIndex device, const char* name, uint64_t dtypes,
                    std::function<void()> fn) {
+  // A per-thread cache in front of the shared set: no lock on the hot path.
   static std::mutex mutex;
   static std::unordered_set<uint64_t> verified;
+  thread_local std::unordered_set<uint64_t> verified_here;
   const uint64_t key = c10::hash_combine(reinterpret_cast<uintptr_t>(name), dtypes);
+  if (verified_here.count(key) != 0) return launch(device, name, std::move(fn));
   {
     std::lock_guard<std::mutex> lock(mutex);
-    if (verified.count(key) != 0) return launch(device, name, std::move(fn));
+    if (verified.count(key) != 0) {
+      verified_here.insert(key);
+      return launch(device, name, std::move(fn));
+    }
   }
   syncCurrentStream(device);
   fn();
+  verified_here.insert(key);
   std::lock_guard<std::mutex> lock(mutex);
   verified.insert(key);
 }
@@ -384,7 +391,10 @@ namespace {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* op : {
            // training-step ops outside the hottest loop
-           "embedding_dense_backward", "native_dropout_backward",
+           "embedding_dense_backward", "native_dropout_backward", "convolution",
+           "convolution_backward", "log_sigmoid_forward", "log_sigmoid_backward",
+           "linalg_solve_triangular", "linalg_solve_triangular.out", "eye.out", "eye.m_out",
+           "linspace.out", "logspace.out",
            "_index_put_impl_", "index_put_", "index_fill_.int_Scalar", "index_fill_.int_Tensor",
            "index_copy.out", "masked_scatter_", "scatter_reduce.two_out", "scatter.reduce_out",
            "scatter.value_reduce_out",

@@ -11,6 +11,7 @@
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/layer_norm.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/_fused_rms_norm.h>
 #include <ATen/ops/_log_softmax_backward_data_cpu_dispatch.h>
 #include <ATen/ops/_log_softmax_cpu_dispatch.h>
@@ -192,6 +193,7 @@ double default_eps(c10::ScalarType t) {
   switch (t) {
     case at::kBFloat16: return 0.0078125;
     case at::kHalf: return 0.0009765625;
+    case at::kDouble: return std::numeric_limits<double>::epsilon();
     default: return std::numeric_limits<float>::epsilon();
   }
 }
@@ -218,14 +220,29 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input,
   const at::Tensor weight = weight_opt.value_or(at::Tensor());
   const auto device = device_checked("aten::_fused_rms_norm", input, {&weight});
   auto [rows, cols] = at::native::_check_layer_norm_inputs(input, normalized_shape, weight, {});
-  const auto dt = kernel_dtype(input.scalar_type());
-  TORCH_CHECK(dt.has_value(), "_fused_rms_norm: unsupported dtype ", input.scalar_type());
-  const auto wdt = weight.defined() ? kernel_dtype(weight.scalar_type()) : dt;
-  TORCH_CHECK(wdt.has_value(), "_fused_rms_norm: unsupported weight dtype ", weight.scalar_type());
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(input.scalar_type()),
+                              "\"rms_norm\" not implemented for '", input.scalar_type(), "'");
   const double e = eps_opt.has_value() ? *eps_opt : default_eps(input.scalar_type());
   const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
   std::vector<int64_t> stat_shape(input.sizes().begin(), input.sizes().begin() + axis);
   stat_shape.resize(input.dim(), 1);
+  const auto dt = kernel_dtype(input.scalar_type());
+  const auto wdt = weight.defined() ? kernel_dtype(weight.scalar_type()) : dt;
+  if (!dt || !wdt) {  // e.g. float64: ATen's CPU ops as stream work
+    at::Tensor out = empty_device(input.sizes(), input.scalar_type(), device);
+    at::Tensor rstd = empty_device(stat_shape, input.scalar_type(), device);
+    std::vector<int64_t> dims;
+    for (int64_t d = axis; d < input.dim(); ++d) dims.push_back(d);
+    launchCpuKernel(device, "aten::_fused_rms_norm",
+                    [dims, e](const at::Tensor& x, const std::optional<at::Tensor>& w,
+                              at::Tensor& o, at::Tensor& r) {
+                      r.copy_(x.pow(2).mean(dims, /*keepdim=*/true).add(e).rsqrt());
+                      at::Tensor y = x * r;
+                      o.copy_(w.has_value() && w->defined() ? y * *w : y);
+                    },
+                    input, weight_opt, out, rstd);
+    return {out, rstd};
+  }
   const at::Tensor x = input.contiguous();
   at::Tensor out = empty_device(input.sizes(), input.scalar_type(), device);
   at::Tensor rstd = empty_device(stat_shape, at::kFloat, device);
@@ -249,9 +266,34 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
                                      {&grad_out, &rstd, &weight});
   auto [rows, cols] = at::native::_check_layer_norm_inputs(input, normalized_shape, weight, {});
   const auto dt = kernel_dtype(input.scalar_type());
-  TORCH_CHECK(dt.has_value() && rstd.scalar_type() == at::kFloat,
-              "_fused_rms_norm_backward: unsupported dtype ", input.scalar_type());
   const auto wdt = weight.defined() ? kernel_dtype(weight.scalar_type()) : dt;
+  if (!dt || !wdt || rstd.scalar_type() != at::kFloat) {  // ATen's CPU ops as stream work
+    const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
+    std::vector<int64_t> dims, rows_dims;
+    for (int64_t d = 0; d < input.dim(); ++d) (d < axis ? rows_dims : dims).push_back(d);
+    at::Tensor dx =
+        mask[0] ? empty_device(input.sizes(), input.scalar_type(), device) : at::Tensor();
+    at::Tensor dw = mask[1] && weight.defined()
+                        ? empty_device(weight.sizes(), weight.scalar_type(), device)
+                        : at::Tensor();
+    launchCpuKernel(device, "aten::_fused_rms_norm_backward",
+                    [dims, rows_dims](const at::Tensor& dy, const at::Tensor& x,
+                                      const at::Tensor& r, const std::optional<at::Tensor>& w,
+                                      std::optional<at::Tensor>& dx,
+                                      std::optional<at::Tensor>& dw) {
+                      const at::Tensor xhat = x * r;
+                      const at::Tensor g = w.has_value() && w->defined() ? dy * *w : dy;
+                      if (dx.has_value() && dx->defined()) {
+                        dx->copy_(r * (g - xhat * (g * xhat).mean(dims, true)));
+                      }
+                      if (dw.has_value() && dw->defined()) {
+                        dw->copy_((dy * xhat).sum(rows_dims).reshape(dw->sizes()));
+                      }
+                    },
+                    grad_out, input, rstd, weight_opt, std::optional<at::Tensor>(dx),
+                    std::optional<at::Tensor>(dw));
+    return {dx, dw};
+  }
   const at::Tensor x = input.contiguous();
   const at::Tensor dy = grad_out.to(input.scalar_type()).contiguous();
   const at::Tensor w = weight.defined() ? weight.contiguous() : weight;

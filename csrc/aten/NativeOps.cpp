@@ -20,6 +20,11 @@
 #include <ATen/ops/mul.h>
 #include <ATen/ops/multinomial_cpu_dispatch.h>
 #include <ATen/ops/where_cpu_dispatch.h>
+#include <ATen/ops/masked_select_cpu_dispatch.h>
+#include <ATen/ops/nonzero_cpu_dispatch.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/zero_cpu_dispatch.h>
 #include <torch/library.h>
 
@@ -314,7 +319,38 @@ at::Tensor multinomial(const at::Tensor& self, int64_t n, bool replacement,
   return out;
 }
 
+// ------------------------------------------------------------ data-dependent
+
+// nonzero and masked_select: the size of the result depends on the data, so
+// these synchronise (wait for the stream, run the CPU kernel on host views,
+// copy the result to the device), as they do on CUDA.
+at::Tensor nonzero(const at::Tensor& self) {
+  const auto device = device_of(self, "nonzero");
+  syncCurrentStream(device);
+  return copyToDevice(at::cpu::nonzero(hostView(self)), device);
+}
+
+at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
+  const auto device = device_of(self, "masked_select");
+  checkSameDevice("aten::masked_select", device, mask);
+  syncCurrentStream(device);
+  const at::Tensor m = mask.device().type() == kAxon ? hostView(mask) : mask;
+  return copyToDevice(at::cpu::masked_select(hostView(self), m), device);
+}
+
+// ------------------------------------------------------------ views
+
+// View ops whose ATen kernels only compute sizes and strides (registered for
+// CPU and CUDA, so not reaching axon by themselves).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("nonzero", nonzero);
+  m.impl("masked_select", masked_select);
   m.impl("fill_.Scalar", fill_scalar);
   m.impl("fill_.Tensor", fill_tensor);
   m.impl("zero_", zero_);

@@ -12,24 +12,30 @@ namespace at::axon {
 // Finished work is released by the host, not by the stream worker: the last
 // reference to a tensor may own its Python object, whose release takes the
 // GIL, which the host may be holding while it waits for the stream.
+// Launches release it in batches (a lock and a swap per batch, not per kernel);
+// synchronisations and the allocator's out-of-memory path release it all.
 namespace {
+constexpr size_t kReleaseBatch = 32;
 std::mutex finished_mutex;
 std::vector<std::shared_ptr<std::function<void()>>> finished;
-std::atomic<bool> have_finished{false};
-}  // namespace
+std::atomic<size_t> num_finished{0};
 
-void releaseFinishedWork() {
-  if (!have_finished.load(std::memory_order_acquire)) return;
+void release_if_at_least(size_t n) {
+  const size_t have = num_finished.load(std::memory_order_acquire);
+  if (have == 0 || have < n) return;
   std::vector<std::shared_ptr<std::function<void()>>> done;
   {
     std::lock_guard<std::mutex> lock(finished_mutex);
     done.swap(finished);
-    have_finished.store(false, std::memory_order_release);
+    num_finished.store(0, std::memory_order_release);
   }
 }
+}  // namespace
+
+void releaseFinishedWork() { release_if_at_least(1); }
 
 void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn) {
-  releaseFinishedWork();
+  release_if_at_least(kReleaseBatch);
   rt::Stream s = current_rt_stream(device);
   auto work = std::make_shared<std::function<void()>>(std::move(fn));
   rt_call([&] {
@@ -39,7 +45,7 @@ void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn)
         ~Retire() {
           std::lock_guard<std::mutex> lock(finished_mutex);
           finished.push_back(std::move(w));
-          have_finished.store(true, std::memory_order_release);
+          num_finished.store(finished.size(), std::memory_order_release);
         }
       } retire{work};
       (*work)();
