@@ -225,18 +225,16 @@ void apply_geometry(const c10::IValue& meta, const c10::IValue& dev) {
 // ------------------------------------------------------------ the kernel
 
 // Runs the CPU kernel on the stream worker.  Arguments and outputs are host
-// views made at launch (see cpu_kernel::capture), CPU snapshots and CPU
-// generators; `keep` holds the device storages alive.
+// views made at launch (no references to device memory are held; see
+// cpu_kernel::capture), CPU snapshots and CPU generators.
 struct CpuWork {
   c10::OperatorHandle op;
   std::vector<c10::IValue> args;
   std::vector<c10::IValue> outputs;  // functional ops: where results go
-  std::vector<c10::Storage> keep;
 
   at::Tensor capture(const at::Tensor& t) {
     if (!t.defined()) return t;
     if (t.is_cpu()) return snapshotCpuTensor(t);
-    keep.push_back(t.storage());
     return hostView(t);
   }
 
@@ -331,7 +329,7 @@ void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
-  CpuWork work{op, {}, {}, {}};
+  CpuWork work{op, {}, {}};
   work.args.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = (*stack)[begin + i];

@@ -25,14 +25,18 @@
 namespace at::axon::cpu_kernel {
 
 // ---- capture: what the kernel keeps until it runs.  A device tensor is
-// captured by its geometry at launch, so that later in-place metadata changes
-// on the host (t_(), resize_() ...) do not affect the kernel, as a CUDA kernel
-// takes pointers and strides at launch; its storage is kept alive with it.
-// The host view is built by the stream worker, so launching allocates
-// nothing on the host for it.  CPU tensors are snapshots; Python numbers
-// (wrapped 0-dim tensors) travel as Scalars.
+// captured by its memory and geometry at launch, so that later in-place
+// metadata changes on the host (t_(), resize_() ...) do not affect the
+// kernel, as a CUDA kernel takes pointers and strides at launch.  No
+// reference is held: as with CUDA's caching allocator, memory the host frees
+// meanwhile is reused only by work on the same stream, which runs after this
+// kernel (other streams need record_stream).  The worker builds the host
+// view, so launching allocates nothing for it.  CPU tensors are snapshots;
+// Python numbers (wrapped 0-dim tensors) travel as Scalars.
 struct DeviceView {
-  c10::Storage storage;
+  void* data = nullptr;
+  size_t nbytes = 0;
+  bool on_device = false;
   at::Tensor cpu;
   std::optional<at::Scalar> number;
   c10::SmallVector<int64_t, 5> sizes, strides;
@@ -42,14 +46,15 @@ struct DeviceView {
 
   at::Tensor view() const {
     if (number.has_value()) return wrappedNumber(*number, dtype.toScalarType());
-    if (!storage) return cpu;
-    return hostView(storage, sizes, strides, offset, dtype, conj, neg);
+    if (!on_device) return cpu;
+    return hostView(data, nbytes, sizes, strides, offset, dtype, conj, neg);
   }
   c10::ScalarType scalar_type() const {
-    return storage || number.has_value() ? dtype.toScalarType()
-                                         : (cpu.defined() ? cpu.scalar_type() : c10::ScalarType::Undefined);
+    return on_device || number.has_value()
+               ? dtype.toScalarType()
+               : (cpu.defined() ? cpu.scalar_type() : c10::ScalarType::Undefined);
   }
-  bool defined() const { return storage || number.has_value() || cpu.defined(); }
+  bool defined() const { return on_device || number.has_value() || cpu.defined(); }
 };
 inline DeviceView capture(const at::Tensor& t) {
   DeviceView v;
@@ -63,7 +68,9 @@ inline DeviceView capture(const at::Tensor& t) {
     }
     return v;
   }
-  v.storage = t.storage();
+  v.on_device = true;
+  v.data = t.storage().mutable_data();
+  v.nbytes = t.storage().nbytes();
   v.sizes.assign(t.sizes().begin(), t.sizes().end());
   v.strides.assign(t.strides().begin(), t.strides().end());
   v.offset = t.storage_offset();

@@ -1,7 +1,8 @@
 // Tier 2 with our own kernels (kernels/): layer_norm, rms_norm, softmax,
 // scaled_dot_product_attention and the fused Adam/AdamW step, forward and
 // backward.  The host checks arguments and allocates results; the kernel runs
-// as stream work on raw pointers taken at launch.  Inputs a kernel cannot
+// as stream work on raw pointers taken at launch (holding no references:
+// stream order protects memory the host frees meanwhile, see CpuKernel.h).  Inputs a kernel cannot
 // take (other dtypes, odd layouts) go to the ATen CPU kernels, also as
 // stream work.
 #include <cmath>
@@ -112,12 +113,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
   at::Tensor mean = empty_device(stat_shape, at::kFloat, device);
   at::Tensor rstd = empty_device(stat_shape, at::kFloat, device);
   if (rows * cols == 0) return {out, mean, rstd};
-  const void* w = weight.defined() ? weight.contiguous().const_data_ptr() : nullptr;
-  const void* b = bias.defined() ? bias.contiguous().const_data_ptr() : nullptr;
+  // Temporaries stay alive until the kernel is enqueued (after that, stream
+  // order protects their memory).
+  const at::Tensor wc = weight.defined() ? weight.contiguous() : weight;
+  const at::Tensor bc = bias.defined() ? bias.contiguous() : bias;
+  const void* w = wc.defined() ? wc.const_data_ptr() : nullptr;
+  const void* b = bc.defined() ? bc.const_data_ptr() : nullptr;
   launch(device, "aten::native_layer_norm",
          [=, dt = *dt, wdt = *wdt, xp = x.const_data_ptr(), yp = out.data_ptr(),
-          mp = mean.data_ptr<float>(), rp = rstd.data_ptr<float>(),
-          keep = std::make_tuple(x, weight, bias, out, mean, rstd)] {
+          mp = mean.data_ptr<float>(), rp = rstd.data_ptr<float>()] {
            k::layer_norm_forward(dt, rows, cols, xp, cols, wdt, w, b, eps, yp, mp, rp);
          });
   return {out, mean, rstd};
@@ -178,8 +182,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
          [=, dt = *dt, wdt = *wdt, dyp = dy.const_data_ptr(), xp = x.const_data_ptr(),
           mp = mean.const_data_ptr<float>(), rp = rstd.const_data_ptr<float>(),
           wp = w.defined() ? w.const_data_ptr() : nullptr, dxp = ptr(dx),
-          dwp = static_cast<float*>(ptr(dw32)), dbp = static_cast<float*>(ptr(db32)),
-          keep = std::make_tuple(dy, x, mean, rstd, w, dx, dw32, db32)] {
+          dwp = static_cast<float*>(ptr(dw32)), dbp = static_cast<float*>(ptr(db32))] {
            k::layer_norm_backward(dt, rows, cols, dyp, xp, mp, rp, wdt, wp, dxp, dwp, dbp);
          });
   return {dx, dw32.defined() ? as_param_dtype(dw32, weight) : dw32,
@@ -251,7 +254,7 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input,
   launch(device, "aten::_fused_rms_norm",
          [=, dt = *dt, wdt = *wdt, xp = x.const_data_ptr(),
           wp = w.defined() ? w.const_data_ptr() : nullptr, yp = out.data_ptr(),
-          rp = rstd.data_ptr<float>(), keep = std::make_tuple(x, w, out, rstd)] {
+          rp = rstd.data_ptr<float>()] {
            k::rms_norm_forward(dt, rows, cols, xp, cols, wdt, wp, e, yp, rp);
          });
   return {out, rstd};
@@ -304,8 +307,7 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
     launch(device, "aten::_fused_rms_norm_backward",
            [=, dt = *dt, wdt = *wdt, dyp = dy.const_data_ptr(), xp = x.const_data_ptr(),
             wp = w.defined() ? w.const_data_ptr() : nullptr, rp = rstd.const_data_ptr<float>(),
-            dxp = ptr(dx), dwp = static_cast<float*>(ptr(dw32)),
-            keep = std::make_tuple(dy, x, w, rstd, dx, dw32)] {
+            dxp = ptr(dx), dwp = static_cast<float*>(ptr(dw32))] {
              k::rms_norm_backward(dt, rows, cols, dyp, xp, wdt, wp, rp, dxp, dwp);
            });
   } else if (dw32.defined()) {
@@ -338,7 +340,7 @@ at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, bool half_to_float,
   if (rows == 0) return out;
   launch(device, log ? "aten::_log_softmax" : "aten::_softmax",
          [=, dt = *kernel_dtype(self.scalar_type()), xp = self.const_data_ptr(),
-          yp = out.data_ptr(), keep = std::make_tuple(self, out)] {
+          yp = out.data_ptr()] {
            k::softmax_forward(dt, rows, cols, xp, cols, yp, log);
          });
   return out;
@@ -372,8 +374,7 @@ at::Tensor softmax_backward_impl(const at::Tensor& grad, const at::Tensor& outpu
   if (rows == 0) return dx;
   launch(device, name,
          [=, dt = *kernel_dtype(output.scalar_type()), gp = grad.const_data_ptr(),
-          yp = output.const_data_ptr(), dxp = dx.data_ptr(),
-          keep = std::make_tuple(grad, output, dx)] {
+          yp = output.const_data_ptr(), dxp = dx.data_ptr()] {
            k::softmax_backward(dt, rows, cols, gp, yp, dxp, log);
          });
   return dx;
@@ -479,7 +480,7 @@ SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
            [=, dt = *kernel_dtype(q.scalar_type()), m = attention_mask(mask, expanded),
             qp = q.const_data_ptr(), kp = k.const_data_ptr(), vp = v.const_data_ptr(),
             op = out.data_ptr(), lp = lse.data_ptr<float>(), qs = strides4(q), ks = strides4(k),
-            vs = strides4(v), os = strides4(out), keep = std::make_tuple(q, k, v, mask, out, lse)] {
+            vs = strides4(v), os = strides4(out)] {
              k::attention_forward(dt, shape, params, qp, qs, kp, ks, vp, vs, m, op, os, lp);
            });
   }
@@ -519,8 +520,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
             vp = v.const_data_ptr(), op = out.const_data_ptr(), lp = lse.const_data_ptr<float>(),
             dqp = dq.data_ptr(), dkp = dk.data_ptr(), dvp = dv.data_ptr(), gs = strides4(dout),
             qs = strides4(q), ks = strides4(k), vs = strides4(v), os = strides4(out),
-            dqs = strides4(dq), dks = strides4(dk), dvs = strides4(dv),
-            keep = std::make_tuple(dout, q, k, v, mask, out, lse, dq, dk, dv)] {
+            dqs = strides4(dq), dks = strides4(dk), dvs = strides4(dv)] {
              k::attention_backward(dt, shape, params, gp, gs, qp, qs, kp, ks, vp, vs, m, op, os,
                                    lp, dqp, dqs, dkp, dks, dvp, dvs);
            });
@@ -554,7 +554,6 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
     const float* step;
   };
   std::vector<Item> items;
-  std::vector<at::Tensor> keep;
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor* group[] = {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]};
     for (const at::Tensor* t : group) {
@@ -573,20 +572,16 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
     if (amsgrad) {
       checkSameDevice(name, device, max_exp_avg_sqs[i]);
       vmax = max_exp_avg_sqs[i].data_ptr();
-      keep.push_back(max_exp_avg_sqs[i]);
     }
     items.push_back({*dt, params[i].numel(), params[i].data_ptr(), grads[i].const_data_ptr(),
                      exp_avgs[i].data_ptr(), exp_avg_sqs[i].data_ptr(), vmax,
                      steps[i].const_data_ptr<float>()});
-    for (const at::Tensor* t : group) keep.push_back(*t);
-    keep.push_back(steps[i]);
   }
   auto float_ptr = [&](const std::optional<at::Tensor>& t, const char* what) -> const float* {
     if (!t.has_value() || !t->defined()) return nullptr;
     checkSameDevice(name, device, *t);
     TORCH_CHECK(t->numel() == 1 && t->scalar_type() == at::kFloat, name, ": ", what,
                 " must be a float32 scalar");
-    keep.push_back(*t);
     return t->const_data_ptr<float>();
   };
   const float* scale = float_ptr(grad_scale, "grad_scale");
@@ -594,7 +589,7 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
   const float* lr_ptr = float_ptr(lr_tensor.defined() ? std::optional<at::Tensor>(lr_tensor)
                                                       : std::nullopt, "lr");
   k::AdamParams ap{lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled};
-  launch(device, name, [items = std::move(items), keep = std::move(keep), ap, scale, inf,
+  launch(device, name, [items = std::move(items), ap, scale, inf,
                         lr_ptr]() mutable {
     if (lr_ptr != nullptr) ap.lr = *lr_ptr;
     for (const Item& it : items) {

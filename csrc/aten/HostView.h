@@ -13,8 +13,8 @@ namespace at::axon {
 // the caller notices the storage changed.
 at::Tensor hostView(const at::Tensor& t, bool resizable = false);
 
-// The same from a device storage and a geometry.
-at::Tensor hostView(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+// The same from device memory (a storage's data and size) and a geometry.
+at::Tensor hostView(void* data, size_t nbytes, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                     int64_t offset, caffe2::TypeMeta dtype, bool conj, bool neg);
 
 // A Python number as PyTorch wraps it (a 0-dim CPU tensor marked as a

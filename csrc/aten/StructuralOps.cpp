@@ -23,11 +23,10 @@ namespace at::axon {
 
 // ------------------------------------------------------------ host views
 
-at::Tensor hostView(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+at::Tensor hostView(void* data, size_t nbytes, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                     int64_t offset, caffe2::TypeMeta dtype, bool conj, bool neg) {
-  c10::Storage cpu_storage(
-      c10::Storage::use_byte_size_t(), storage.nbytes(),
-      c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)), nullptr, false);
+  c10::Storage cpu_storage(c10::Storage::use_byte_size_t(), nbytes,
+                           c10::DataPtr(data, c10::Device(c10::kCPU)), nullptr, false);
   auto impl = c10::make_intrusive<c10::TensorImpl>(
       std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
   impl->set_sizes_and_strides(sizes, strides, offset);

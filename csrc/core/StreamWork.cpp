@@ -17,13 +17,13 @@ namespace at::axon {
 namespace {
 constexpr size_t kReleaseBatch = 32;
 std::mutex finished_mutex;
-std::vector<std::shared_ptr<std::function<void()>>> finished;
+std::vector<std::unique_ptr<std::function<void()>>> finished;
 std::atomic<size_t> num_finished{0};
 
 void release_if_at_least(size_t n) {
   const size_t have = num_finished.load(std::memory_order_acquire);
   if (have == 0 || have < n) return;
-  std::vector<std::shared_ptr<std::function<void()>>> done;
+  std::vector<std::unique_ptr<std::function<void()>>> done;
   {
     std::lock_guard<std::mutex> lock(finished_mutex);
     done.swap(finished);
@@ -37,14 +37,18 @@ void releaseFinishedWork() { release_if_at_least(1); }
 void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn) {
   release_if_at_least(kReleaseBatch);
   rt::Stream s = current_rt_stream(device);
-  auto work = std::make_shared<std::function<void()>>(std::move(fn));
+  // The stream's task holds a plain pointer, which std::function stores
+  // without another allocation; the work object itself moves to `finished`
+  // once it has run.  (Work a stream drops at process exit, or a launch the
+  // runtime refuses, is not freed.)
+  auto* work = new std::function<void()>(std::move(fn));
   rt_call([&] {
-    rt::launch(s, name, [work]() mutable {
+    rt::launch(s, name, [work] {
       struct Retire {
-        std::shared_ptr<std::function<void()>>& w;
+        std::function<void()>* w;
         ~Retire() {
           std::lock_guard<std::mutex> lock(finished_mutex);
-          finished.push_back(std::move(w));
+          finished.emplace_back(w);
           num_finished.store(finished.size(), std::memory_order_release);
         }
       } retire{work};
