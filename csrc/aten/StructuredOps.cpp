@@ -167,6 +167,8 @@
 #include <ATen/ops/triu_cpu_dispatch.h>
 #include <ATen/ops/triu_meta.h>
 
+#include <axon/kernels/linear.h>
+
 #include "CpuKernel.h"
 
 namespace at::axon {
@@ -411,6 +413,61 @@ using S = at::Scalar;
 using OptS = std::optional<at::Scalar>;
 using OptT = std::optional<at::Tensor>;
 
+// ------------------------------------------------------------ linear layers
+
+// mm / addmm of a few rows by a transposed weight (x @ W^T, what F.linear
+// gives for decoding): kernels/linear.h, which reads the weight at memory
+// speed.  Everything else: ATen's kernel (MKL).
+struct MmName {
+  static const char* value() { return "aten::mm"; }
+};
+struct AddmmName {
+  static const char* value() { return "aten::addmm"; }
+};
+
+bool small_linear(const at::Tensor& a, const at::Tensor& b) {
+  return a.dim() == 2 && b.dim() == 2 && a.scalar_type() == at::kFloat &&
+         b.scalar_type() == at::kFloat && a.device() == b.device() &&
+         a.device().type() == kAxon && a.size(0) >= 1 &&
+         a.size(0) <= ::axon::kernels::kLinearMaxRows && a.size(1) == b.size(0) &&
+         a.size(1) > 0 && b.size(1) > 0 && a.stride(1) == 1 &&
+         (a.size(0) == 1 || a.stride(0) >= a.size(1)) && b.stride(0) == 1 &&
+         (b.size(1) == 1 || b.stride(1) >= b.size(0));
+}
+
+at::Tensor launch_small_linear(const at::Tensor& a, const at::Tensor& b, const float* bias,
+                               const char* name) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  at::Tensor out = emptyDevice({m, n}, {n, 1}, at::kFloat, a.device().index());
+  launch(a.device().index(), name,
+         [=, ap = a.const_data_ptr<float>(), lda = a.stride(0), wp = b.const_data_ptr<float>(),
+          ldw = b.stride(1), op = out.data_ptr<float>()] {
+           ::axon::kernels::linear_small_m(m, n, k, ap, lda, wp, ldw, bias, op, n);
+         });
+  return out;
+}
+
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  if (!small_linear(a, b)) {
+    return Functional<at::meta::structured_mm, 1, MmName, T(const T&, const T&),
+                      &at::cpu::mm_outf>::run(a, b);
+  }
+  return launch_small_linear(a, b, nullptr, MmName::value());
+}
+
+at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
+                 const at::Scalar& beta, const at::Scalar& alpha) {
+  const bool plain = !beta.isComplex() && !alpha.isComplex() && beta.toDouble() == 1.0 &&
+                     alpha.toDouble() == 1.0;
+  if (!plain || !small_linear(a, b) || bias.dim() != 1 || bias.scalar_type() != at::kFloat ||
+      bias.device() != a.device() || bias.size(0) != b.size(1) || bias.stride(0) != 1) {
+    return Functional<at::meta::structured_addmm, 1, AddmmName,
+                      T(const T&, const T&, const T&, const S&, const S&),
+                      &at::cpu::addmm_outf>::run(bias, a, b, beta, alpha);
+  }
+  return launch_small_linear(a, b, bias.const_data_ptr<float>(), AddmmName::value());
+}
+
 // OUT(schema, outputs, meta class suffix, at::cpu function): for an at::cpu
 // function with one out= overload; OUT_SIG names the overload by signature.
 #define AXON_OUT_IMPL(schema, n, cls, fnptr)                                  \
@@ -594,9 +651,9 @@ DimMinMax);
        T(const T&, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>), mean_outf);
   FUNC("sum.dim_IntList", 1, sum_dim_IntList,
        T(const T&, at::OptionalIntArrayRef, bool, std::optional<c10::ScalarType>), sum_outf);
-  FUNC("mm", 1, mm, FBinaryT, mm_outf);
+  m.impl("mm", TORCH_FN(mm));
   FUNC("bmm", 1, bmm, FBinaryT, bmm_outf);
-  FUNC("addmm", 1, addmm, T(const T&, const T&, const T&, const S&, const S&), addmm_outf);
+  m.impl("addmm", TORCH_FN(addmm));
   FUNC("cat", 1, cat, T(const at::ITensorListRef&, int64_t), cat_outf);
   INPLACE("add_.Tensor", add_Tensor, IBinaryAlpha, add_outf);
   INPLACE("sub_.Tensor", sub_Tensor, IBinaryAlpha, sub_outf);

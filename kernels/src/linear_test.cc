@@ -1,0 +1,59 @@
+#include "axon/kernels/linear.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "test_util.h"
+
+namespace axon::kernels {
+namespace {
+
+// out = a @ w^T + bias against a double-precision reference, for every row
+// count, odd sizes, row strides larger than the rows, with and without bias,
+// serially and split over threads.
+void check(int64_t m, int64_t n, int64_t k, bool with_bias, int64_t pad) {
+  std::mt19937 rng(static_cast<unsigned>(m * 1000 + n * 10 + k));
+  std::uniform_real_distribution<float> u(-1, 1);
+  const int64_t lda = k + pad, ldw = k + pad, ldo = n + pad;
+  std::vector<float> a(m * lda), w(n * ldw), bias(n), out(m * ldo, -7.0f);
+  for (float& x : a) x = u(rng);
+  for (float& x : w) x = u(rng);
+  for (float& x : bias) x = u(rng);
+  linear_small_m(m, n, k, a.data(), lda, w.data(), ldw, with_bias ? bias.data() : nullptr,
+                 out.data(), ldo);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = with_bias ? bias[j] : 0.0;
+      for (int64_t t = 0; t < k; ++t) ref += double(a[i * lda + t]) * w[j * ldw + t];
+      ASSERT_NEAR(out[i * ldo + j], ref, 1e-5 * (1 + std::sqrt(double(k))))
+          << "m=" << m << " n=" << n << " k=" << k << " i=" << i << " j=" << j;
+    }
+    for (int64_t j = n; j < ldo; ++j) ASSERT_EQ(out[i * ldo + j], -7.0f) << "padding written";
+  }
+}
+
+TEST(LinearSmallM, MatchesReference) {
+  for (int64_t m = 1; m <= kLinearMaxRows; ++m) {
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {3, 17}, {33, 64}, {100, 1000}}) {
+      check(m, n, k, /*with_bias=*/m % 2 == 0, /*pad=*/m % 3);
+    }
+  }
+}
+
+TEST(LinearSmallM, SplitOverThreads) {
+  testing::ScopedBackend threads(true);
+  check(3, 1000, 257, true, 1);
+  check(8, 4097, 64, false, 0);
+}
+
+TEST(LinearSmallM, EmptyIsNoOp) {
+  float out = 5.0f;
+  linear_small_m(1, 0, 4, nullptr, 4, nullptr, 4, nullptr, &out, 1);
+  EXPECT_EQ(out, 5.0f);
+}
+
+}  // namespace
+}  // namespace axon::kernels
