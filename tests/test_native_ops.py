@@ -13,6 +13,7 @@ accum=True) for anything that sums (attention, norms, softmax gradients).
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import time
@@ -1016,3 +1017,32 @@ def test_checkpoint_recomputes_the_same_attention_dropout(use_reentrant):
         results.append([y.detach().cpu()] + [t.grad.cpu() for t in (q, k, v)])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- linear layers
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("layout", ["contiguous", "strided_rows", "contiguous_weight_t"])
+def test_linear_few_rows_matches_cpu(rows, bias, layout, no_fallback):
+    """F.linear / mm / addmm with up to 8 rows take kernels/linear (x @ W^T read at
+    memory speed); more rows, other layouts and dtypes take ATen's GEMM."""
+    if layout == "strided_rows":  # row stride 40, unit column stride
+        x = make((rows, 40), torch.float32, seed=1)[:, :37]
+    else:
+        x = make((rows, 37), torch.float32, seed=1)
+    w = make((53, 37), torch.float32, seed=2)
+    b = make((53,), torch.float32, seed=3) if bias else None
+    if layout == "contiguous_weight_t":  # mm(x, W) with W [K, N] row-major: the GEMM path
+        wt = make((37, 53), torch.float32, seed=4)
+        compare_fwd_bwd(lambda x, wt: x @ wt, [x, wt], torch.float32)
+        return
+    compare_fwd_bwd(lambda x, w, *b: F.linear(x, w, *b), [x, w] + ([b] if bias else []),
+                    torch.float32)
+
+
+def test_linear_decode_shape_in_a_model_matches_cpu(no_fallback):
+    lin = torch.nn.Linear(64, 300)
+    x = make((3, 1, 64), torch.float32, seed=5)
+    lin_a = copy.deepcopy(lin).axon()  # 3 rows after folding (3, 1): the few-rows kernel
+    torch.testing.assert_close(lin_a(x.axon()).cpu(), lin(x), rtol=1e-5, atol=1e-5)
