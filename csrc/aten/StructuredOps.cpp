@@ -191,29 +191,41 @@ void resize_out(const at::Tensor& out, c10::IntArrayRef sizes, c10::IntArrayRef 
   }
 }
 
-// The op's meta class with its outputs bound to the given axon tensors.
-template <typename Meta, size_t N>
-struct OutMeta final : Meta {
-  explicit OutMeta(std::array<const at::Tensor*, N> outs) : outs_(outs) {}
-
+// A meta class whose outputs go to Derived::set_output (both of MetaBase's
+// entry points), which then hands them on to TensorIterator when Meta is one.
+template <typename Meta, typename Derived>
+struct BoundMeta : Meta {
   void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                           c10::TensorOptions options) override {
-    set_output(i, sizes, strides, options);
+    static_cast<Derived*>(this)->set_output(i, sizes, strides, options);
+    forward(i, sizes, strides, options);
   }
   void set_output_raw_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                               c10::TensorOptions options) override {
-    set_output(i, sizes, strides, options);
+    static_cast<Derived*>(this)->set_output(i, sizes, strides, options);
+    forward(i, sizes, strides, options);
   }
-  const at::Tensor& maybe_get_output(int64_t i) override { return *outs_[i]; }
 
  private:
-  void set_output(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                  c10::TensorOptions options) {
-    resize_out(*outs_[i], sizes, strides, options);
+  void forward(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+               c10::TensorOptions options) {
     if constexpr (std::is_base_of_v<at::TensorIteratorBase, Meta>) {
       Meta::set_output_raw_strided(i, sizes, strides, options);
     }
   }
+};
+
+// The op's meta class with its outputs bound to the given axon tensors.
+template <typename Meta, size_t N>
+struct OutMeta final : BoundMeta<Meta, OutMeta<Meta, N>> {
+  explicit OutMeta(std::array<const at::Tensor*, N> outs) : outs_(outs) {}
+  const at::Tensor& maybe_get_output(int64_t i) override { return *outs_[i]; }
+  void set_output(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                  c10::TensorOptions options) {
+    resize_out(*outs_[i], sizes, strides, options);
+  }
+
+ private:
   std::array<const at::Tensor*, N> outs_;
 };
 
@@ -296,19 +308,10 @@ struct Structured<Meta, N, Name, Cpu> {
 
 // The functional form: outputs are allocated as the meta function describes.
 template <typename Meta, size_t N>
-struct FunctionalMeta final : Meta {
-  void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                          c10::TensorOptions options) override {
-    set_output(i, sizes, strides, options);
-  }
-  void set_output_raw_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                              c10::TensorOptions options) override {
-    set_output(i, sizes, strides, options);
-  }
+struct FunctionalMeta final : BoundMeta<Meta, FunctionalMeta<Meta, N>> {
   const at::Tensor& maybe_get_output(int64_t i) override { return outs[i]; }
   std::array<at::Tensor, N> outs;
 
- private:
   void set_output(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                   c10::TensorOptions options) {
     TORCH_INTERNAL_ASSERT(options.device().type() == kAxon);
@@ -322,38 +325,24 @@ struct FunctionalMeta final : Meta {
       outs[i] = emptyDevice(sizes, strides, options.dtype().toScalarType(),
                             options.device().index());
     }
-    if constexpr (std::is_base_of_v<at::TensorIteratorBase, Meta>) {
-      Meta::set_output_raw_strided(i, sizes, strides, options);
-    }
   }
 };
 
 // The in-place form: the output is `self`, which must not need resizing.
 template <typename Meta>
-struct InplaceMeta final : Meta {
+struct InplaceMeta final : BoundMeta<Meta, InplaceMeta<Meta>> {
   explicit InplaceMeta(const at::Tensor& self) : self_(self) {}
-  void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                          c10::TensorOptions options) override {
-    set_output(i, sizes, strides, options);
-  }
-  void set_output_raw_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                              c10::TensorOptions options) override {
-    set_output(i, sizes, strides, options);
-  }
   const at::Tensor& maybe_get_output(int64_t) override { return self_; }
-
- private:
-  void set_output(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+  void set_output(int64_t, c10::IntArrayRef sizes, c10::IntArrayRef,
                   c10::TensorOptions options) {
     TORCH_CHECK(options.dtype() == self_.dtype(), "Bad in-place call: input tensor dtype ",
                 self_.dtype(), " and output tensor dtype ", options.dtype(),
                 " should match");
     TORCH_CHECK(sizes == self_.sizes(), "output with shape ", self_.sizes(),
                 " doesn't match the broadcast shape ", sizes);
-    if constexpr (std::is_base_of_v<at::TensorIteratorBase, Meta>) {
-      Meta::set_output_raw_strided(i, sizes, strides, options);
-    }
   }
+
+ private:
   const at::Tensor& self_;
 };
 
