@@ -183,9 +183,9 @@ def main() -> int:
                       for (q, _), a, r in list(zip(tests, answers, right))[:4]))
     print(f"memory  peak {torch.axon.max_memory_allocated() / 2**20:.1f} MiB allocated on axon")
     top = sorted(stats.items(), key=lambda kv: -kv[1])[:3]
-    print(f"fallback {sum(stats.values()):,} op calls to CPU kernels, {len(stats)} distinct ops, training + "
-          "generation (most: "
-          + ", ".join(f"{k.removeprefix('aten::')} {v:,}" for k, v in top) + ")")
+    most = ", ".join(f"{k.removeprefix('aten::')} {v:,}" for k, v in top)
+    print(f"fallback {sum(stats.values()):,} op calls through the synchronous CPU fallback, "
+          f"{len(stats)} distinct ops, training + generation" + (f" (most: {most})" if top else ""))
     print(f"saved   {OUT / 'model'}")
     if failures:
         print("FAILED: " + "; ".join(failures))
