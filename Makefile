@@ -54,7 +54,7 @@ $(STAMPS)/installed: $(BUILD)/build.ninja pyproject.toml setup.py
 	@$(PY) -c "import importlib.metadata as m; assert m.version('torch-axon')"
 	@touch $@
 
-# The runtime's tests under ThreadSanitizer and AddressSanitizer.
+# The runtime's and the kernels' tests under ThreadSanitizer and AddressSanitizer.
 test-sanitize: $(STAMPS)/apt $(STAMPS)/venv
 	for s in thread address; do \
 	  cmake -S . -B $(BUILD)-$$s -G Ninja -DAXON_BUILD_EXTENSION=OFF -DAXON_SANITIZE=$$s && \
