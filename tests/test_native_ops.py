@@ -1046,3 +1046,44 @@ def test_linear_decode_shape_in_a_model_matches_cpu(no_fallback):
     x = make((3, 1, 64), torch.float32, seed=5)
     lin_a = copy.deepcopy(lin).axon()  # 3 rows after folding (3, 1): the few-rows kernel
     torch.testing.assert_close(lin_a(x.axon()).cpu(), lin(x), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- review regressions
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_layer_norm_bias_only_in_another_dtype(dtype):
+    x = make((4, 8), dtype, seed=1)
+    b = make((8,), torch.float32, seed=2)
+    assert_same(F.layer_norm(x.axon(), (8,), None, b.axon()), F.layer_norm(x, (8,), None, b),
+                dtype=dtype, accum=True)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_rms_norm_default_eps_on_small_activations(dtype):
+    """ATen's default eps is that of the type it computes in (float32 for half types)."""
+    x = (make((2, 8), torch.float32, seed=3) * 1e-3).to(dtype)
+    assert_same(F.rms_norm(x.axon(), (8,)), F.rms_norm(x, (8,)), dtype=dtype, accum=True)
+
+
+def test_random_op_rejects_a_cpu_generator_like_cuda():
+    with pytest.raises(RuntimeError, match="Expected a 'axon' device type for generator"):
+        torch.empty(3, device="axon").uniform_(generator=torch.Generator())
+
+
+def test_fused_adam_reads_cpu_scalars_at_the_call():
+    """A CPU grad_scale is read when the step is launched, not when the stream gets to
+    it: changing it right after the call (stream still busy) changes nothing."""
+    def step(device, scale):
+        p = torch.ones(4, device=device)
+        torch._fused_adamw_([p], [torch.full((4,), 2.0, device=device)],
+                            [torch.zeros(4, device=device)], [torch.zeros(4, device=device)], [],
+                            [torch.ones((), device=device)], lr=0.1, beta1=0.9, beta2=0.999,
+                            weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+                            grad_scale=scale)
+        return p
+
+    scale = torch.tensor(2.0)
+    sleep_on_stream(0, 200)
+    p = step("axon", scale)
+    scale.fill_(1e30)
+    torch.testing.assert_close(p.cpu(), step("cpu", torch.tensor(2.0)), rtol=1e-6, atol=1e-6)

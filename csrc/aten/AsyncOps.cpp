@@ -336,10 +336,9 @@ void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (is_generator_arg(schema.arguments()[i])) {
       std::optional<at::Generator> gen;
       if (v.isGenerator()) gen = v.toGenerator();
-      if (!gen.has_value() || gen->device().type() == kAxon) {
-        work.args.emplace_back(cpuGeneratorFor(gen, device));
-        continue;
-      }
+      // cpuGeneratorFor raises PyTorch's error for a generator of another device.
+      work.args.emplace_back(cpuGeneratorFor(gen, device));
+      continue;
     }
     if (v.isDevice() && v.toDevice().type() == kAxon) {
       work.args.emplace_back(c10::Device(c10::kCPU));

@@ -74,6 +74,14 @@ c10::DeviceIndex device_checked(const char* op, const at::Tensor& main,
 
 // ------------------------------------------------------------ layer_norm
 
+// The dtype the kernel reads weight and bias in (the kernels take one).
+c10::ScalarType param_dtype(const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+  if (weight.defined()) return weight.scalar_type();
+  if (bias.defined()) return bias.scalar_type();
+  return input.scalar_type();
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
     const at::Tensor& input, c10::IntArrayRef normalized_shape,
     const std::optional<at::Tensor>& weight_opt, const std::optional<at::Tensor>& bias_opt,
@@ -87,7 +95,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
   stat_shape.resize(input.dim(), 1);
 
   const auto dt = kernel_dtype(input.scalar_type());
-  const auto wdt = kernel_dtype(weight.defined() ? weight.scalar_type() : input.scalar_type());
+  const auto wdt = kernel_dtype(param_dtype(input, weight, bias));
   const bool same_wb = !weight.defined() || !bias.defined() ||
                        weight.scalar_type() == bias.scalar_type();
   if (!dt || !wdt || !same_wb) {  // e.g. float64: ATen's kernel, statistics in input dtype
@@ -146,8 +154,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
                                      {&grad_out, &mean, &rstd, &weight, &bias});
   auto [rows, cols] = at::native::_check_layer_norm_inputs(input, normalized_shape, weight, bias);
   const auto dt = kernel_dtype(input.scalar_type());
-  const auto wdt = kernel_dtype(weight.defined() ? weight.scalar_type() : input.scalar_type());
-  if (!dt || !wdt || mean.scalar_type() != at::kFloat || rstd.scalar_type() != at::kFloat ||
+  const auto wdt = kernel_dtype(param_dtype(input, weight, bias));
+  const bool same_wb = !weight.defined() || !bias.defined() ||
+                       weight.scalar_type() == bias.scalar_type();
+  if (!dt || !wdt || !same_wb || mean.scalar_type() != at::kFloat || rstd.scalar_type() != at::kFloat ||
       grad_out.scalar_type() != input.scalar_type()) {
     at::Tensor dx = mask[0] ? empty_device(input.sizes(), input.scalar_type(), device) : at::Tensor();
     at::Tensor dw = mask[1] && weight.defined()
@@ -191,14 +201,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
 
 // ------------------------------------------------------------ rms_norm
 
-// torch.finfo(dtype).eps, rms_norm's default.
+// rms_norm's default eps, as ATen's: the epsilon of the type it computes in
+// (float32 for half types, float64 for float64).
 double default_eps(c10::ScalarType t) {
-  switch (t) {
-    case at::kBFloat16: return 0.0078125;
-    case at::kHalf: return 0.0009765625;
-    case at::kDouble: return std::numeric_limits<double>::epsilon();
-    default: return std::numeric_limits<float>::epsilon();
-  }
+  return t == at::kDouble ? std::numeric_limits<double>::epsilon()
+                          : std::numeric_limits<float>::epsilon();
 }
 
 // rms_norm is composite in ATen; on axon it goes to _fused_rms_norm (which
@@ -557,7 +564,8 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor* group[] = {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]};
     for (const at::Tensor* t : group) {
-      checkSameDevice(name, device, *t);
+      TORCH_CHECK(t->device() == params[0].device(), name, ": expected all tensors on ",
+                  params[0].device(), ", got ", t->device());
       TORCH_CHECK(t->is_contiguous() && t->scalar_type() == params[i].scalar_type() &&
                       t->numel() == params[i].numel(),
                   name, ": parameters, gradients and states must be contiguous, of one dtype "
@@ -565,24 +573,32 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
     }
     const auto dt = kernel_dtype(params[i].scalar_type());
     TORCH_CHECK(dt.has_value(), name, ": unsupported dtype ", params[i].scalar_type());
-    checkSameDevice(name, device, steps[i]);
+    TORCH_CHECK(steps[i].device() == params[0].device(), name,
+                ": state_steps must be on the parameters' device, got ", steps[i].device());
     TORCH_CHECK(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat, name,
                 ": state_steps must be float32 scalars");
     void* vmax = nullptr;
     if (amsgrad) {
-      checkSameDevice(name, device, max_exp_avg_sqs[i]);
+      const at::Tensor& v = max_exp_avg_sqs[i];
+      TORCH_CHECK(v.device() == params[0].device() && v.is_contiguous() &&
+                      v.scalar_type() == params[i].scalar_type() && v.numel() == params[i].numel(),
+                  name, ": max_exp_avg_sqs must match the parameters");
       vmax = max_exp_avg_sqs[i].data_ptr();
     }
     items.push_back({*dt, params[i].numel(), params[i].data_ptr(), grads[i].const_data_ptr(),
                      exp_avgs[i].data_ptr(), exp_avg_sqs[i].data_ptr(), vmax,
                      steps[i].const_data_ptr<float>()});
   }
+  // Scalars given as CPU tensors are copied to the device now (the kernel
+  // reads them later); the copies live until the launch below.
+  std::vector<at::Tensor> scalars;
   auto float_ptr = [&](const std::optional<at::Tensor>& t, const char* what) -> const float* {
     if (!t.has_value() || !t->defined()) return nullptr;
     checkSameDevice(name, device, *t);
     TORCH_CHECK(t->numel() == 1 && t->scalar_type() == at::kFloat, name, ": ", what,
                 " must be a float32 scalar");
-    return t->const_data_ptr<float>();
+    scalars.push_back(t->is_cpu() ? t->to(c10::Device(kAxon, device)) : *t);
+    return scalars.back().const_data_ptr<float>();
   };
   const float* scale = float_ptr(grad_scale, "grad_scale");
   const float* inf = float_ptr(found_inf, "found_inf");
@@ -635,6 +651,22 @@ void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_
                   found_inf, false);
 }
 
+void fused_adam_tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                          at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                          at::TensorList steps, const at::Tensor& lr, double beta1, double beta2,
+                          double weight_decay, double eps, bool amsgrad, bool maximize,
+                          const std::optional<at::Tensor>& grad_scale,
+                          const std::optional<at::Tensor>& found_inf) {
+  if (lr.is_cpu()) {
+    return fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+                      lr.item<double>(), beta1, beta2, weight_decay, eps, amsgrad, maximize,
+                      grad_scale, found_inf);
+  }
+  fused_adam_impl("aten::_fused_adam_", params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+                  steps, 0.0, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale,
+                  found_inf, false);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_layer_norm", native_layer_norm);
   m.impl("native_layer_norm_backward", native_layer_norm_backward);
@@ -649,6 +681,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_fused_adamw_", fused_adamw);
   m.impl("_fused_adamw_.tensor_lr", fused_adamw_tensor_lr);
   m.impl("_fused_adam_", fused_adam);
+  m.impl("_fused_adam_.tensor_lr", fused_adam_tensor_lr);
 }
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {

@@ -1,8 +1,9 @@
 // Work enqueued on axon streams by csrc/ (kernels of native ops).
 //
-// A kernel holds references to the tensors it touches until it has run, so
-// memory the host frees meanwhile is not reused early.  Those references are
-// dropped by the host thread (releaseFinishedWork, on each launch, each
+// Kernels capture raw pointers and hold no references to device memory
+// (stream-ordered reuse; see aten/CpuKernel.h).  What a kernel does hold (CPU
+// snapshots, generators, the generic kernel's arguments) is released by the
+// host thread (releaseFinishedWork: by launches in batches, on each
 // synchronisation and before an out-of-memory error), never by the stream
 // worker: the last reference to a tensor may own its Python object, whose
 // release takes the GIL, which the host may hold while it waits for the
