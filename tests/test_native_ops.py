@@ -1087,3 +1087,23 @@ def test_fused_adam_reads_cpu_scalars_at_the_call():
     p = step("axon", scale)
     scale.fill_(1e30)
     torch.testing.assert_close(p.cpu(), step("cpu", torch.tensor(2.0)), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("found_inf", [0.0, 1.0])
+def test_fused_adamw_unscales_gradients_like_cpu(dtype, found_inf):
+    """With grad_scale, ATen's fused kernels leave grad / grad_scale in the gradients
+    (when no inf was found); so does axon's."""
+    def step(device):
+        p = make((37,), dtype, seed=1).to(device)
+        g = make((37,), dtype, seed=2).to(device)
+        torch._fused_adamw_([p], [g], [torch.zeros_like(p)], [torch.zeros_like(p)], [],
+                            [torch.ones((), device=device)], lr=0.1, beta1=0.9, beta2=0.999,
+                            weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False,
+                            grad_scale=torch.tensor(4.0, device=device),
+                            found_inf=torch.tensor(found_inf, device=device))
+        return p, g
+
+    (pa, ga), (pc, gc) = step("axon"), step("cpu")
+    assert_same(pa, pc, dtype=dtype, accum=True)
+    assert_same(ga, gc, dtype=dtype, accum=True)

@@ -27,6 +27,7 @@
 #include <torch/library.h>
 
 #include <axon/kernels/attention.h>
+#include <axon/kernels/dtype.h>
 #include <axon/kernels/norm.h>
 #include <axon/kernels/optimizer.h>
 #include <axon/kernels/parallel.h>
@@ -537,6 +538,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
 
 // ------------------------------------------------------------ Adam / AdamW
 
+// g /= scale in place, any kernel dtype (in float32 chunks for half types).
+void unscale(k::DType dt, int64_t n, void* g, float scale) {
+  if (dt == k::DType::kFloat32) {
+    float* f = static_cast<float*>(g);
+    for (int64_t i = 0; i < n; ++i) f[i] /= scale;
+    return;
+  }
+  constexpr int64_t kChunk = 4096;
+  float buf[kChunk];
+  char* bytes = static_cast<char*>(g);
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t len = std::min(kChunk, n - i);
+    void* at = bytes + i * 2;  // bfloat16 / float16: 2 bytes
+    k::convert_to_float(dt, at, len, buf);
+    for (int64_t j = 0; j < len; ++j) buf[j] /= scale;
+    k::convert_from_float(dt, buf, len, at);
+  }
+}
+
 void fused_adam_impl(const char* name, at::TensorList params, at::TensorList grads,
                      at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                      at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr,
@@ -610,6 +630,11 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
     if (lr_ptr != nullptr) ap.lr = *lr_ptr;
     for (const Item& it : items) {
       k::adam_step(it.dt, it.numel, it.p, it.g, it.m, it.v, it.vmax, *it.step, ap, scale, inf);
+    }
+    // As ATen's fused kernels, leave the gradients unscaled (grad / grad_scale)
+    // when the step was taken.
+    if (scale != nullptr && (inf == nullptr || *inf == 0.0f)) {
+      for (const Item& it : items) unscale(it.dt, it.numel, const_cast<void*>(it.g), *scale);
     }
   });
 }
