@@ -1107,3 +1107,15 @@ def test_fused_adamw_unscales_gradients_like_cpu(dtype, found_inf):
     (pa, ga), (pc, gc) = step("axon"), step("cpu")
     assert_same(pa, pc, dtype=dtype, accum=True)
     assert_same(ga, gc, dtype=dtype, accum=True)
+
+
+def test_relu_and_dropout_keep_channels_last_like_cpu():
+    x = make((2, 3, 4, 5), torch.float32, seed=4).to(memory_format=torch.channels_last)
+    assert torch.relu(x.axon()).stride() == torch.relu(x).stride()
+    assert F.dropout(x.axon(), 0.5).stride() == F.dropout(x, 0.5).stride()
+    assert_same(torch.relu(x.axon()), torch.relu(x))
+
+
+@pytest.mark.parametrize("lo,hi", [(3.0, 1.0), (float("nan"), 1.0), (0.0, float("inf"))])
+def test_histc_bad_range_raises_at_the_call_like_cpu(lo, hi):
+    cpu_and_axon_raise_alike(lambda a: torch.histc(a, bins=4, min=lo, max=hi), [torch.ones(3)])

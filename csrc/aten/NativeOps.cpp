@@ -48,6 +48,15 @@ at::Tensor empty_like_contiguous(c10::IntArrayRef sizes, c10::ScalarType dtype,
   return emptyDevice(sizes, c10::contiguous_strides(sizes), dtype, device);
 }
 
+// A result laid out like t when t is dense (channels_last stays channels_last),
+// as empty_like's preserve_format.
+at::Tensor empty_like_preserved(const at::Tensor& t, c10::ScalarType dtype) {
+  if (t.is_non_overlapping_and_dense()) {
+    return emptyDevice(t.sizes(), t.strides(), dtype, t.device().index());
+  }
+  return empty_like_contiguous(t.sizes(), dtype, t.device().index());
+}
+
 // ------------------------------------------------------------ fills
 
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
@@ -212,7 +221,7 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
 at::Tensor relu(const at::Tensor& self) {
   TORCH_CHECK(self.scalar_type() != at::kBool, "Boolean inputs not supported for relu");
   const auto device = device_of(self, "relu");
-  at::Tensor out = empty_like_contiguous(self.sizes(), self.scalar_type(), device);
+  at::Tensor out = empty_like_preserved(self, self.scalar_type());
   if (out.numel() > 0) {
     launchCpuKernel(device, "aten::relu",
                     static_cast<at::Tensor& (*)(const at::Tensor&, const at::Scalar&, at::Tensor&)>(
@@ -260,6 +269,10 @@ at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
                  const at::Scalar& max) {
   const auto device = device_of(self, "histc");
   TORCH_CHECK(bins > 0, "torch.histogram(): bins must be > 0, but got ", bins, " for dimension 0");
+  const double lo = min.toDouble(), hi = max.toDouble();
+  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), "torch.histc: range of [", lo, ", ", hi,
+              "] is not finite");
+  TORCH_CHECK(lo <= hi, "torch.histc: max must be larger than min");
   at::Tensor out = empty_like_contiguous({bins}, self.scalar_type(), device);
   launchCpuKernel(device, "aten::histc",
                   [bins](const at::Tensor& in, const at::Scalar& lo, const at::Scalar& hi,
@@ -278,8 +291,8 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
                                                   std::optional<bool> train) {
   const auto device = device_of(input, "native_dropout");
   TORCH_CHECK(p >= 0 && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
-  at::Tensor out = empty_like_contiguous(input.sizes(), input.scalar_type(), device);
-  at::Tensor mask = empty_like_contiguous(input.sizes(), at::kBool, device);
+  at::Tensor out = empty_like_preserved(input, input.scalar_type());
+  at::Tensor mask = empty_like_preserved(input, at::kBool);
   if (input.numel() == 0) return {out, mask};
   if (train.has_value() && !*train) {
     out.copy_(input);
