@@ -42,19 +42,19 @@ namespace at::axon {
 
 // ------------------------------------------------------------ launching
 
-void launchChecked(c10::DeviceIndex device, const char* name, uint64_t dtypes,
+void launchChecked(c10::DeviceIndex device, const char* name, uint64_t dtypes, int threads,
                    std::function<void()> fn) {
   // A per-thread cache in front of the shared set: no lock on the hot path.
   static std::mutex mutex;
   static std::unordered_set<uint64_t> verified;
   thread_local std::unordered_set<uint64_t> verified_here;
   const uint64_t key = c10::hash_combine(reinterpret_cast<uintptr_t>(name), dtypes);
-  if (verified_here.count(key) != 0) return launch(device, name, std::move(fn));
+  if (verified_here.count(key) != 0) return launch(device, name, std::move(fn), threads);
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (verified.count(key) != 0) {
       verified_here.insert(key);
-      return launch(device, name, std::move(fn));
+      return launch(device, name, std::move(fn), threads);
     }
   }
   syncCurrentStream(device);
@@ -352,7 +352,7 @@ void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<c10::IValue> returns;
     for (size_t r : plan.return_arg) returns.push_back((*stack)[begin + r]);
     const uint64_t dtypes = dtype_hash(work);
-    launchChecked(device, name, dtypes, std::move(work));
+    launchChecked(device, name, dtypes, 0, std::move(work));
     torch::jit::drop(*stack, num_args);
     for (auto& r : returns) stack->push_back(std::move(r));
     return;
@@ -369,7 +369,7 @@ void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (!empty) {
     const uint64_t dtypes = dtype_hash(work);
-    launchChecked(device, name, dtypes, std::move(work));
+    launchChecked(device, name, dtypes, 0, std::move(work));
   }
   torch::jit::drop(*stack, num_args);
   for (auto& r : results) stack->push_back(std::move(r));

@@ -158,6 +158,23 @@ void add_dtypes(uint64_t& h, const std::vector<V>& list) {
   for (const V& v : list) add_dtypes(h, v);
 }
 
+// ---- the elements the tensor arguments hold (see kernelThreads)
+inline void add_elements(int64_t& n, const DeviceView& v) {
+  if (!v.on_device) return;
+  int64_t e = 1;
+  for (int64_t s : v.sizes) e *= s;
+  n += e;
+}
+inline void add_elements(int64_t& n, const std::optional<DeviceView>& v) {
+  if (v.has_value()) add_elements(n, *v);
+}
+template <typename T>
+void add_elements(int64_t&, const T&) {}
+template <typename V>
+void add_elements(int64_t& n, const std::vector<V>& list) {
+  for (const V& v : list) add_elements(n, v);
+}
+
 template <typename Fn, typename Tuple, size_t... I>
 void call_on_host(const Fn& fn, const Tuple& captured, std::index_sequence<I...>) {
   // Materialised first so that out= parameters (Tensor&) bind to lvalues.
@@ -173,8 +190,12 @@ template <typename Fn, typename... Args>
 void launchCpuKernel(c10::DeviceIndex device, const char* name, Fn fn, const Args&... args) {
   auto captured = std::make_tuple(cpu_kernel::capture(args)...);
   uint64_t dtypes = 0;
-  std::apply([&](const auto&... c) { (cpu_kernel::add_dtypes(dtypes, c), ...); }, captured);
-  launchChecked(device, name, dtypes, [fn, captured = std::move(captured)]() {
+  int64_t elements = 0;
+  std::apply([&](const auto&... c) {
+    (cpu_kernel::add_dtypes(dtypes, c), ...);
+    (cpu_kernel::add_elements(elements, c), ...);
+  }, captured);
+  launchChecked(device, name, dtypes, kernelThreads(elements), [fn, captured = std::move(captured)]() {
     // The kernel's nested ops work on plain CPU buffers: no autograd.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     cpu_kernel::call_on_host(fn, captured, std::index_sequence_for<Args...>{});

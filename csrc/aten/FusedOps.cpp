@@ -132,7 +132,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
          [=, dt = *dt, wdt = *wdt, xp = x.const_data_ptr(), yp = out.data_ptr(),
           mp = mean.data_ptr<float>(), rp = rstd.data_ptr<float>()] {
            k::layer_norm_forward(dt, rows, cols, xp, cols, wdt, w, b, eps, yp, mp, rp);
-         });
+         }, kernelThreads(2 * rows * cols));
   return {out, mean, rstd};
 }
 
@@ -195,7 +195,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
           wp = w.defined() ? w.const_data_ptr() : nullptr, dxp = ptr(dx),
           dwp = static_cast<float*>(ptr(dw32)), dbp = static_cast<float*>(ptr(db32))] {
            k::layer_norm_backward(dt, rows, cols, dyp, xp, mp, rp, wdt, wp, dxp, dwp, dbp);
-         });
+         }, kernelThreads(3 * rows * cols));
   return {dx, dw32.defined() ? as_param_dtype(dw32, weight) : dw32,
           db32.defined() ? as_param_dtype(db32, bias) : db32};
 }
@@ -264,7 +264,7 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input,
           wp = w.defined() ? w.const_data_ptr() : nullptr, yp = out.data_ptr(),
           rp = rstd.data_ptr<float>()] {
            k::rms_norm_forward(dt, rows, cols, xp, cols, wdt, wp, e, yp, rp);
-         });
+         }, kernelThreads(2 * rows * cols));
   return {out, rstd};
 }
 
@@ -317,7 +317,7 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
             wp = w.defined() ? w.const_data_ptr() : nullptr, rp = rstd.const_data_ptr<float>(),
             dxp = ptr(dx), dwp = static_cast<float*>(ptr(dw32))] {
              k::rms_norm_backward(dt, rows, cols, dyp, xp, wdt, wp, rp, dxp, dwp);
-           });
+           }, kernelThreads(3 * rows * cols));
   } else if (dw32.defined()) {
     dw32.zero_();
   }
@@ -350,7 +350,7 @@ at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, bool half_to_float,
          [=, dt = *kernel_dtype(self.scalar_type()), xp = self.const_data_ptr(),
           yp = out.data_ptr()] {
            k::softmax_forward(dt, rows, cols, xp, cols, yp, log);
-         });
+         }, kernelThreads(2 * rows * cols));
   return out;
 }
 
@@ -384,7 +384,7 @@ at::Tensor softmax_backward_impl(const at::Tensor& grad, const at::Tensor& outpu
          [=, dt = *kernel_dtype(output.scalar_type()), gp = grad.const_data_ptr(),
           yp = output.const_data_ptr(), dxp = dx.data_ptr()] {
            k::softmax_backward(dt, rows, cols, gp, yp, dxp, log);
-         });
+         }, kernelThreads(3 * rows * cols));
   return dx;
 }
 
@@ -490,7 +490,7 @@ SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
             op = out.data_ptr(), lp = lse.data_ptr<float>(), qs = strides4(q), ks = strides4(k),
             vs = strides4(v), os = strides4(out)] {
              k::attention_forward(dt, shape, params, qp, qs, kp, ks, vp, vs, m, op, os, lp);
-           });
+           }, kernelThreads(q.numel() + k.numel() + v.numel() + out.numel()));
   }
   return {out, lse, at::Tensor(), at::Tensor(), c10::SymInt(L), c10::SymInt(S), philox_seed,
           philox_offset, at::Tensor()};
@@ -531,7 +531,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
             dqs = strides4(dq), dks = strides4(dk), dvs = strides4(dv)] {
              k::attention_backward(dt, shape, params, gp, gs, qp, qs, kp, ks, vp, vs, m, op, os,
                                    lp, dqp, dqs, dkp, dks, dvp, dvs);
-           });
+           }, kernelThreads(2 * (q.numel() + k.numel() + v.numel()) + out.numel()));
   }
   return {dq, dk, dv, at::Tensor()};
 }
@@ -581,6 +581,7 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
     const float* step;
   };
   std::vector<Item> items;
+  int64_t elements = 0;
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor* group[] = {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]};
     for (const at::Tensor* t : group) {
@@ -605,6 +606,7 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
                   name, ": max_exp_avg_sqs must match the parameters");
       vmax = max_exp_avg_sqs[i].data_ptr();
     }
+    elements += params[i].numel();
     items.push_back({*dt, params[i].numel(), params[i].data_ptr(), grads[i].const_data_ptr(),
                      exp_avgs[i].data_ptr(), exp_avg_sqs[i].data_ptr(), vmax,
                      steps[i].const_data_ptr<float>()});
@@ -636,7 +638,7 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
     if (scale != nullptr && (inf == nullptr || *inf == 0.0f)) {
       for (const Item& it : items) unscale(it.dt, it.numel, const_cast<void*>(it.g), *scale);
     }
-  });
+  }, kernelThreads(4 * elements));
 }
 
 void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,

@@ -22,7 +22,7 @@ namespace at::axon {
 // thread after the stream has drained, so that a kernel rejecting the dtypes
 // raises its own error (NotImplementedError and the like) at the call, as
 // CUDA's host-side dtype dispatch does.  Later launches are asynchronous.
-void launchChecked(c10::DeviceIndex device, const char* name, uint64_t dtypes,
+void launchChecked(c10::DeviceIndex device, const char* name, uint64_t dtypes, int threads,
                    std::function<void()> fn);
 
 // An uninitialised axon tensor on `device` (allocated on its current stream).

@@ -1,6 +1,8 @@
 #include "StreamWork.h"
 
+#include <algorithm>
 #include <atomic>
+#include <omp.h>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -34,7 +36,23 @@ void release_if_at_least(size_t n) {
 
 void releaseFinishedWork() { release_if_at_least(1); }
 
-void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn) {
+namespace {
+
+// The OpenMP team size of the calling stream worker for its next kernel:
+// `threads`, or (0) the process default.  Set only when it changes.
+void set_kernel_threads(int threads) {
+  thread_local const int all = omp_get_max_threads();
+  thread_local int current = all;
+  const int want = threads > 0 ? std::min(threads, all) : all;
+  if (want != current) {
+    omp_set_num_threads(want);
+    current = want;
+  }
+}
+
+}  // namespace
+
+void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn, int threads) {
   release_if_at_least(kReleaseBatch);
   rt::Stream s = current_rt_stream(device);
   // The stream's task holds a plain pointer, which std::function stores
@@ -43,7 +61,7 @@ void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn)
   // runtime refuses, is not freed.)
   auto* work = new std::function<void()>(std::move(fn));
   rt_call([&] {
-    rt::launch(s, name, [work] {
+    rt::launch(s, name, [work, threads] {
       struct Retire {
         std::function<void()>* w;
         ~Retire() {
@@ -52,6 +70,7 @@ void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn)
           num_finished.store(finished.size(), std::memory_order_release);
         }
       } retire{work};
+      set_kernel_threads(threads);
       (*work)();
     });
   });

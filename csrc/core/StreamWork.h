@@ -18,7 +18,19 @@ namespace at::axon {
 
 // Enqueues fn on device's current stream.  `name` must outlive the process
 // (a string literal or an interned name); it labels asynchronous errors.
-void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn);
+// `threads`: the most threads the kernel's parallel loops may use (0: all).
+void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn,
+            int threads = 0);
+
+// The host keeps dispatching while kernels run, so with few cores a small
+// kernel is faster on the worker alone than on an OpenMP team it must wake
+// and that competes with the host for cores (decoding: 1.4x -> 2x CPU
+// tokens/s).  `elements`: the elements a kernel touches, summed over its
+// tensors.
+constexpr int64_t kSmallKernelElements = int64_t{1} << 20;
+inline int kernelThreads(int64_t elements) {
+  return elements < kSmallKernelElements ? 1 : 0;
+}
 
 // Drops the references held by kernels that have run.
 void releaseFinishedWork();
