@@ -641,57 +641,32 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
   }, kernelThreads(4 * elements));
 }
 
-void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                 at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                 at::TensorList steps, double lr, double beta1, double beta2,
-                 double weight_decay, double eps, bool amsgrad, bool maximize,
-                 const std::optional<at::Tensor>& grad_scale,
-                 const std::optional<at::Tensor>& found_inf) {
-  fused_adam_impl("aten::_fused_adamw_", params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-                  steps, lr, {}, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale,
-                  found_inf, true);
+// The four registered forms: Adam or AdamW (Decoupled), lr a double or a
+// tensor (a CPU tensor is read now; a device one by the kernel).
+template <bool Decoupled>
+void fused_adam_double_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                          at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                          at::TensorList steps, double lr, double beta1, double beta2,
+                          double weight_decay, double eps, bool amsgrad, bool maximize,
+                          const std::optional<at::Tensor>& grad_scale,
+                          const std::optional<at::Tensor>& found_inf) {
+  fused_adam_impl(Decoupled ? "aten::_fused_adamw_" : "aten::_fused_adam_", params, grads,
+                  exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, {}, beta1, beta2,
+                  weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, Decoupled);
 }
 
-void fused_adamw_tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                           at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                           at::TensorList steps, const at::Tensor& lr, double beta1, double beta2,
-                           double weight_decay, double eps, bool amsgrad, bool maximize,
-                           const std::optional<at::Tensor>& grad_scale,
-                           const std::optional<at::Tensor>& found_inf) {
-  if (lr.is_cpu()) {
-    return fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
-                       lr.item<double>(), beta1, beta2, weight_decay, eps, amsgrad, maximize,
-                       grad_scale, found_inf);
-  }
-  fused_adam_impl("aten::_fused_adamw_", params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-                  steps, 0.0, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale,
-                  found_inf, true);
-}
-
-void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
-                double lr, double beta1, double beta2, double weight_decay, double eps,
-                bool amsgrad, bool maximize, const std::optional<at::Tensor>& grad_scale,
-                const std::optional<at::Tensor>& found_inf) {
-  fused_adam_impl("aten::_fused_adam_", params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-                  steps, lr, {}, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale,
-                  found_inf, false);
-}
-
+template <bool Decoupled>
 void fused_adam_tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                           at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
                           at::TensorList steps, const at::Tensor& lr, double beta1, double beta2,
                           double weight_decay, double eps, bool amsgrad, bool maximize,
                           const std::optional<at::Tensor>& grad_scale,
                           const std::optional<at::Tensor>& found_inf) {
-  if (lr.is_cpu()) {
-    return fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
-                      lr.item<double>(), beta1, beta2, weight_decay, eps, amsgrad, maximize,
-                      grad_scale, found_inf);
-  }
-  fused_adam_impl("aten::_fused_adam_", params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-                  steps, 0.0, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale,
-                  found_inf, false);
+  const bool on_host = lr.is_cpu();
+  fused_adam_impl(Decoupled ? "aten::_fused_adamw_" : "aten::_fused_adam_", params, grads,
+                  exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+                  on_host ? lr.item<double>() : 0.0, on_host ? at::Tensor() : lr, beta1, beta2,
+                  weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, Decoupled);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -705,10 +680,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_log_softmax_backward_data", log_softmax_backward);
   m.impl("_scaled_dot_product_fused_attention_overrideable", sdpa_forward);
   m.impl("_scaled_dot_product_fused_attention_overrideable_backward", sdpa_backward);
-  m.impl("_fused_adamw_", fused_adamw);
-  m.impl("_fused_adamw_.tensor_lr", fused_adamw_tensor_lr);
-  m.impl("_fused_adam_", fused_adam);
-  m.impl("_fused_adam_.tensor_lr", fused_adam_tensor_lr);
+  m.impl("_fused_adamw_", fused_adam_double_lr<true>);
+  m.impl("_fused_adamw_.tensor_lr", fused_adam_tensor_lr<true>);
+  m.impl("_fused_adam_", fused_adam_double_lr<false>);
+  m.impl("_fused_adam_.tensor_lr", fused_adam_tensor_lr<false>);
 }
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
