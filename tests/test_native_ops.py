@@ -1119,3 +1119,25 @@ def test_relu_and_dropout_keep_channels_last_like_cpu():
 @pytest.mark.parametrize("lo,hi", [(3.0, 1.0), (float("nan"), 1.0), (0.0, float("inf"))])
 def test_histc_bad_range_raises_at_the_call_like_cpu(lo, hi):
     cpu_and_axon_raise_alike(lambda a: torch.histc(a, bins=4, min=lo, max=hi), [torch.ones(3)])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "bhld_from_blhd"])
+def test_sdpa_output_and_grad_strides_match_the_meta_kernel(layout):
+    """Fake-tensor tracing (torch.compile) checks real strides against the Meta
+    kernel's: output like the query, gradients like their inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def make_qkv():
+        t = make((2, 5, 4, 8), torch.float32, seed=6)
+        return t.transpose(1, 2) if layout == "bhld_from_blhd" else t.reshape(2, 4, 5, 8)
+
+    q, k, v = (make_qkv().axon() for _ in range(3))
+    op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable
+    real = op(q, k, v, None, 0.0, True)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = op(*(mode.from_tensor(t) for t in (q, k, v)), None, 0.0, True)
+    assert real[0].stride() == fake[0].stride()
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    op(*leaves, None, 0.0, True)[0].sum().backward()
+    for t in leaves:
+        assert t.grad.stride() == torch.empty_like(t).stride()

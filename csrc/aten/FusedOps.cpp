@@ -451,6 +451,26 @@ k::AttentionMask attention_mask(const at::Tensor& mask, const at::Tensor& expand
   return m;
 }
 
+// A result of shape `sizes` laid out like q: empty_like(q) when the shapes
+// match (q's strides if q is dense), else q's dimension order (Meta's
+// alloc_with_matching_layout).
+at::Tensor like_query(const at::Tensor& q, c10::IntArrayRef sizes, c10::DeviceIndex device) {
+  if (q.sizes() == sizes) {
+    return q.is_non_overlapping_and_dense() ? emptyDevice(sizes, q.strides(), q.scalar_type(), device)
+                                            : empty_device(sizes, q.scalar_type(), device);
+  }
+  std::array<int64_t, 4> order{0, 1, 2, 3};
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return q.stride(a) > q.stride(b); });
+  std::array<int64_t, 4> strides{};
+  int64_t stride = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    strides[*it] = stride;
+    stride *= sizes[*it];
+  }
+  return emptyDevice(sizes, strides, q.scalar_type(), device);
+}
+
 using SdpaOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt,
                                c10::SymInt, at::Tensor, at::Tensor, at::Tensor>;
 
@@ -463,10 +483,10 @@ SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
                                      q, {&k, &v, &mask});
   const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), S = k.size(2), Dv = v.size(3);
-  // The output in [B, L, H, Dv] memory order, so that the usual
-  // transpose(1, 2) before the output projection is already contiguous.
-  at::Tensor out = emptyDevice({B, Hq, L, Dv}, {L * Hq * Dv, Dv, Hq * Dv, 1}, q.scalar_type(),
-                               device);
+  // The output follows the query's layout, as the Meta kernel says (for
+  // Hugging Face's [B, L, H, D]-ordered queries: [B, L, H, Dv] memory order,
+  // so the transpose(1, 2) before the output projection is already contiguous).
+  at::Tensor out = like_query(q, {B, Hq, L, Dv}, device);
   at::Tensor lse = empty_device({B, Hq, L}, at::kFloat, device);
   uint64_t seed = 0, offset = 0;
   if (dropout_p > 0) {
@@ -510,9 +530,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
               "axon: the fused attention kernel does not compute the mask's gradient");
   const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), S = k.size(2), Dv = v.size(3);
-  at::Tensor dq = empty_device(q.sizes(), q.scalar_type(), device);
-  at::Tensor dk = empty_device(k.sizes(), k.scalar_type(), device);
-  at::Tensor dv = empty_device(v.sizes(), v.scalar_type(), device);
+  // Gradients laid out like their inputs (empty_like, as the Meta kernel).
+  at::Tensor dq = like_query(q, q.sizes(), device);
+  at::Tensor dk = like_query(k, k.sizes(), device);
+  at::Tensor dv = like_query(v, v.sizes(), device);
   const uint64_t seed = philox_seed.defined() ? philox_seed.item<int64_t>() : 0;
   const uint64_t offset = philox_offset.defined() ? philox_offset.item<int64_t>() : 0;
   const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
