@@ -14,7 +14,7 @@
 //
 // An op is eligible when it returns tensors only and its returns are either
 // new tensors or the tensors it mutates (views stay with tier 1).  Ops are
-// registered one by one (kAsyncOps below), so each is a deliberate, tested
+// registered one by one (the list at the end), so each is a deliberate
 // choice; an op whose Meta kernel is missing falls back to tier 3.
 #include <atomic>
 #include <cstring>
@@ -33,7 +33,6 @@
 
 #include "../core/AxonGenerator.h"
 #include "../core/CachingAllocator.h"
-#include "AsyncOps.h"
 #include "Fallback.h"
 #include "HostView.h"
 #include "Launch.h"
@@ -73,9 +72,22 @@ at::Tensor emptyDevice(c10::IntArrayRef sizes, c10::IntArrayRef strides,
       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
 }
 
-at::Tensor emptyDeviceLike(const at::Tensor& t) {
-  return emptyDevice(t.sizes(), c10::contiguous_strides(t.sizes()), t.scalar_type(),
-                     t.device().index());
+at::Tensor emptyDevice(c10::IntArrayRef sizes, c10::ScalarType dtype,
+                       c10::DeviceIndex device) {
+  return emptyDevice(sizes, c10::contiguous_strides(sizes), dtype, device);
+}
+
+at::Tensor emptyDeviceLike(const at::Tensor& t, c10::ScalarType dtype) {
+  return t.is_non_overlapping_and_dense()
+             ? emptyDevice(t.sizes(), t.strides(), dtype, t.device().index())
+             : emptyDevice(t.sizes(), dtype, t.device().index());
+}
+
+c10::DeviceIndex axonDevice(const char* op, const at::Tensor& t) {
+  TORCH_CHECK(t.device().type() == kAxon,
+              "Expected all tensors to be on the same device, but found at least two devices, ",
+              t.device(), " and axon! (when checking arguments for ", op, ")");
+  return t.device().index();
 }
 
 at::Tensor snapshotCpuTensor(const at::Tensor& t) {
@@ -375,13 +387,6 @@ void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (auto& r : results) stack->push_back(std::move(r));
 }
 
-}  // namespace
-
-void asyncBoxedKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  async_kernel(op, stack);
-}
-
-namespace {
 
 // Ops run by the generic kernel: off the hottest paths (their Meta kernels
 // are often Python), but each must not stall the stream.
@@ -433,7 +438,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "normal.Tensor_float", "normal.float_Tensor", "normal.Tensor_Tensor", "random_",
            "random_.from", "random_.to", "randperm.generator_out", 
        }) {
-    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&asyncBoxedKernel>());
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&async_kernel>());
   }
 }
 

@@ -60,15 +60,9 @@ const bool parallel_installed = [] {
   return true;
 }();
 
-at::Tensor empty_device(c10::IntArrayRef sizes, c10::ScalarType dtype, c10::DeviceIndex device) {
-  return emptyDevice(sizes, c10::contiguous_strides(sizes), dtype, device);
-}
-
 c10::DeviceIndex device_checked(const char* op, const at::Tensor& main,
                                 std::initializer_list<const at::Tensor*> others) {
-  TORCH_CHECK(main.device().type() == kAxon, op, ": expected an axon tensor, got ",
-              main.device());
-  const c10::DeviceIndex device = main.device().index();
+  const c10::DeviceIndex device = axonDevice(op, main);
   for (const at::Tensor* t : others) checkSameDevice(op, device, *t);
   return device;
 }
@@ -100,9 +94,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
   const bool same_wb = !weight.defined() || !bias.defined() ||
                        weight.scalar_type() == bias.scalar_type();
   if (!dt || !wdt || !same_wb) {  // e.g. float64: ATen's kernel, statistics in input dtype
-    at::Tensor out = empty_device(input.sizes(), input.scalar_type(), device);
-    at::Tensor mean = empty_device(stat_shape, input.scalar_type(), device);
-    at::Tensor rstd = empty_device(stat_shape, input.scalar_type(), device);
+    at::Tensor out = emptyDevice(input.sizes(), input.scalar_type(), device);
+    at::Tensor mean = emptyDevice(stat_shape, input.scalar_type(), device);
+    at::Tensor rstd = emptyDevice(stat_shape, input.scalar_type(), device);
     std::vector<int64_t> shape = normalized_shape.vec();
     launchCpuKernel(device, "aten::native_layer_norm",
                     [shape, eps](const at::Tensor& x, const std::optional<at::Tensor>& w,
@@ -118,9 +112,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
   }
   // Statistics in float32 for every dtype, as CUDA keeps them.
   const at::Tensor x = input.contiguous();
-  at::Tensor out = empty_device(input.sizes(), input.scalar_type(), device);
-  at::Tensor mean = empty_device(stat_shape, at::kFloat, device);
-  at::Tensor rstd = empty_device(stat_shape, at::kFloat, device);
+  at::Tensor out = emptyDevice(input.sizes(), input.scalar_type(), device);
+  at::Tensor mean = emptyDevice(stat_shape, at::kFloat, device);
+  at::Tensor rstd = emptyDevice(stat_shape, at::kFloat, device);
   if (rows * cols == 0) return {out, mean, rstd};
   // Temporaries stay alive until the kernel is enqueued (after that, stream
   // order protects their memory).
@@ -139,7 +133,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
 // dweight / dbias come out of the kernels in float32; results take the
 // parameter's dtype.
 at::Tensor param_grad_buffer(const at::Tensor& param, c10::DeviceIndex device) {
-  return empty_device(param.sizes(), at::kFloat, device);
+  return emptyDevice(param.sizes(), at::kFloat, device);
 }
 at::Tensor as_param_dtype(const at::Tensor& grad, const at::Tensor& param) {
   return param.scalar_type() == at::kFloat ? grad : grad.to(param.scalar_type());
@@ -160,11 +154,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
                        weight.scalar_type() == bias.scalar_type();
   if (!dt || !wdt || !same_wb || mean.scalar_type() != at::kFloat || rstd.scalar_type() != at::kFloat ||
       grad_out.scalar_type() != input.scalar_type()) {
-    at::Tensor dx = mask[0] ? empty_device(input.sizes(), input.scalar_type(), device) : at::Tensor();
+    at::Tensor dx = mask[0] ? emptyDevice(input.sizes(), input.scalar_type(), device) : at::Tensor();
     at::Tensor dw = mask[1] && weight.defined()
-                        ? empty_device(weight.sizes(), weight.scalar_type(), device) : at::Tensor();
+                        ? emptyDevice(weight.sizes(), weight.scalar_type(), device) : at::Tensor();
     at::Tensor db = mask[2] && bias.defined()
-                        ? empty_device(bias.sizes(), bias.scalar_type(), device) : at::Tensor();
+                        ? emptyDevice(bias.sizes(), bias.scalar_type(), device) : at::Tensor();
     std::vector<int64_t> shape = normalized_shape.vec();
     launchCpuKernel(device, "aten::native_layer_norm_backward",
                     [shape, mask](const at::Tensor& g, const at::Tensor& x, const at::Tensor& m,
@@ -184,7 +178,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
   }
   const at::Tensor x = input.contiguous();
   const at::Tensor dy = grad_out.contiguous();
-  at::Tensor dx = mask[0] ? empty_device(input.sizes(), input.scalar_type(), device) : at::Tensor();
+  at::Tensor dx = mask[0] ? emptyDevice(input.sizes(), input.scalar_type(), device) : at::Tensor();
   at::Tensor dw32 = mask[1] && weight.defined() ? param_grad_buffer(weight, device) : at::Tensor();
   at::Tensor db32 = mask[2] && bias.defined() ? param_grad_buffer(bias, device) : at::Tensor();
   const at::Tensor w = weight.defined() ? weight.contiguous() : weight;
@@ -240,8 +234,8 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input,
   const auto dt = kernel_dtype(input.scalar_type());
   const auto wdt = weight.defined() ? kernel_dtype(weight.scalar_type()) : dt;
   if (!dt || !wdt) {  // e.g. float64: ATen's CPU ops as stream work
-    at::Tensor out = empty_device(input.sizes(), input.scalar_type(), device);
-    at::Tensor rstd = empty_device(stat_shape, input.scalar_type(), device);
+    at::Tensor out = emptyDevice(input.sizes(), input.scalar_type(), device);
+    at::Tensor rstd = emptyDevice(stat_shape, input.scalar_type(), device);
     std::vector<int64_t> dims;
     for (int64_t d = axis; d < input.dim(); ++d) dims.push_back(d);
     launchCpuKernel(device, "aten::_fused_rms_norm",
@@ -255,8 +249,8 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input,
     return {out, rstd};
   }
   const at::Tensor x = input.contiguous();
-  at::Tensor out = empty_device(input.sizes(), input.scalar_type(), device);
-  at::Tensor rstd = empty_device(stat_shape, at::kFloat, device);
+  at::Tensor out = emptyDevice(input.sizes(), input.scalar_type(), device);
+  at::Tensor rstd = emptyDevice(stat_shape, at::kFloat, device);
   if (rows * cols == 0) return {out, rstd};
   const at::Tensor w = weight.defined() ? weight.contiguous() : weight;
   launch(device, "aten::_fused_rms_norm",
@@ -283,9 +277,9 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
     std::vector<int64_t> dims, rows_dims;
     for (int64_t d = 0; d < input.dim(); ++d) (d < axis ? rows_dims : dims).push_back(d);
     at::Tensor dx =
-        mask[0] ? empty_device(input.sizes(), input.scalar_type(), device) : at::Tensor();
+        mask[0] ? emptyDevice(input.sizes(), input.scalar_type(), device) : at::Tensor();
     at::Tensor dw = mask[1] && weight.defined()
-                        ? empty_device(weight.sizes(), weight.scalar_type(), device)
+                        ? emptyDevice(weight.sizes(), weight.scalar_type(), device)
                         : at::Tensor();
     launchCpuKernel(device, "aten::_fused_rms_norm_backward",
                     [dims, rows_dims](const at::Tensor& dy, const at::Tensor& x,
@@ -308,7 +302,7 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
   const at::Tensor x = input.contiguous();
   const at::Tensor dy = grad_out.to(input.scalar_type()).contiguous();
   const at::Tensor w = weight.defined() ? weight.contiguous() : weight;
-  at::Tensor dx = mask[0] ? empty_device(input.sizes(), input.scalar_type(), device) : at::Tensor();
+  at::Tensor dx = mask[0] ? emptyDevice(input.sizes(), input.scalar_type(), device) : at::Tensor();
   at::Tensor dw32 = mask[1] && weight.defined() ? param_grad_buffer(weight, device) : at::Tensor();
   auto ptr = [](const at::Tensor& t) -> void* { return t.defined() ? t.data_ptr() : nullptr; };
   if (rows * cols > 0) {
@@ -335,14 +329,14 @@ bool softmax_native(const at::Tensor& self, int64_t dim, bool half_to_float) {
 at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, bool half_to_float, bool log) {
   const auto device = device_checked(log ? "aten::_log_softmax" : "aten::_softmax", self, {});
   if (!softmax_native(self, dim, half_to_float)) {
-    at::Tensor out = empty_device(self.sizes(),
+    at::Tensor out = emptyDevice(self.sizes(),
                                   half_to_float ? at::kFloat : self.scalar_type(), device);
     launchCpuKernel(device, log ? "aten::_log_softmax" : "aten::_softmax",
                     log ? &at::cpu::_log_softmax_outf : &at::cpu::_softmax_outf, self, dim,
                     half_to_float, out);
     return out;
   }
-  at::Tensor out = empty_device(self.sizes(), self.scalar_type(), device);
+  at::Tensor out = emptyDevice(self.sizes(), self.scalar_type(), device);
   const int64_t cols = self.size(-1);
   const int64_t rows = cols == 0 ? 0 : self.numel() / cols;
   if (rows == 0) return out;
@@ -369,14 +363,14 @@ at::Tensor softmax_backward_impl(const at::Tensor& grad, const at::Tensor& outpu
                       grad.scalar_type() == output.scalar_type() &&
                       input_dtype == output.scalar_type() && grad.sizes() == output.sizes();
   if (!native) {
-    at::Tensor out = empty_device(output.sizes(), input_dtype, device);
+    at::Tensor out = emptyDevice(output.sizes(), input_dtype, device);
     launchCpuKernel(device, name,
                     log ? &at::cpu::_log_softmax_backward_data_outf
                         : &at::cpu::_softmax_backward_data_outf,
                     grad, output, dim, input_dtype, out);
     return out;
   }
-  at::Tensor dx = empty_device(output.sizes(), output.scalar_type(), device);
+  at::Tensor dx = emptyDevice(output.sizes(), output.scalar_type(), device);
   const int64_t cols = output.size(-1);
   const int64_t rows = cols == 0 ? 0 : output.numel() / cols;
   if (rows == 0) return dx;
@@ -437,9 +431,17 @@ int64_t fusedSdpChoice(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
 namespace {
 
-k::AttentionMask attention_mask(const at::Tensor& mask, const at::Tensor& expanded) {
+k::AttentionShape attention_shape(const at::Tensor& q, const at::Tensor& k,
+                                  const at::Tensor& v) {
+  return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+}
+
+// The mask as the kernel reads it: broadcast to [batch, q heads, q, kv] (a
+// view; the data stays the mask's).
+k::AttentionMask attention_mask(const at::Tensor& mask, const k::AttentionShape& s) {
   k::AttentionMask m;
   if (!mask.defined()) return m;
+  const at::Tensor expanded = mask.expand({s.batch, s.q_heads, s.q_len, s.kv_len});
   if (mask.scalar_type() == at::kBool) {
     m.kind = k::MaskKind::kBool;
   } else {
@@ -455,10 +457,7 @@ k::AttentionMask attention_mask(const at::Tensor& mask, const at::Tensor& expand
 // match (q's strides if q is dense), else q's dimension order (Meta's
 // alloc_with_matching_layout).
 at::Tensor like_query(const at::Tensor& q, c10::IntArrayRef sizes, c10::DeviceIndex device) {
-  if (q.sizes() == sizes) {
-    return q.is_non_overlapping_and_dense() ? emptyDevice(sizes, q.strides(), q.scalar_type(), device)
-                                            : empty_device(sizes, q.scalar_type(), device);
-  }
+  if (q.sizes() == sizes) return emptyDeviceLike(q, q.scalar_type());
   std::array<int64_t, 4> order{0, 1, 2, 3};
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return q.stride(a) > q.stride(b); });
@@ -482,12 +481,12 @@ SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const auto device = device_checked("aten::_scaled_dot_product_fused_attention_overrideable",
                                      q, {&k, &v, &mask});
   const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
-  const int64_t Hkv = k.size(1), S = k.size(2), Dv = v.size(3);
+  const int64_t S = k.size(2), Dv = v.size(3);
   // The output follows the query's layout, as the Meta kernel says (for
   // Hugging Face's [B, L, H, D]-ordered queries: [B, L, H, Dv] memory order,
   // so the transpose(1, 2) before the output projection is already contiguous).
   at::Tensor out = like_query(q, {B, Hq, L, Dv}, device);
-  at::Tensor lse = empty_device({B, Hq, L}, at::kFloat, device);
+  at::Tensor lse = emptyDevice({B, Hq, L}, at::kFloat, device);
   uint64_t seed = 0, offset = 0;
   if (dropout_p > 0) {
     at::Generator gen = getDefaultAxonGenerator(device);
@@ -501,11 +500,10 @@ SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
   at::Tensor philox_seed = cpu_long(seed), philox_offset = cpu_long(offset);
   const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
   if (out.numel() > 0) {
-    const at::Tensor expanded = mask.defined() ? mask.expand({B, Hq, L, S}) : mask;
-    k::AttentionShape shape{B, Hq, Hkv, L, S, D, Dv};
+    const k::AttentionShape shape = attention_shape(q, k, v);
     k::AttentionParams params{sc, is_causal, dropout_p, seed, offset};
     launch(device, "aten::_scaled_dot_product_fused_attention_overrideable",
-           [=, dt = *kernel_dtype(q.scalar_type()), m = attention_mask(mask, expanded),
+           [=, dt = *kernel_dtype(q.scalar_type()), m = attention_mask(mask, shape),
             qp = q.const_data_ptr(), kp = k.const_data_ptr(), vp = v.const_data_ptr(),
             op = out.data_ptr(), lp = lse.data_ptr<float>(), qs = strides4(q), ks = strides4(k),
             vs = strides4(v), os = strides4(out)] {
@@ -528,8 +526,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
       {&grad_out, &k, &v, &mask, &out, &lse});
   TORCH_CHECK(!grad_mask[3] || !mask.defined(),
               "axon: the fused attention kernel does not compute the mask's gradient");
-  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
-  const int64_t Hkv = k.size(1), S = k.size(2), Dv = v.size(3);
+  const int64_t D = q.size(3);
   // Gradients laid out like their inputs (empty_like, as the Meta kernel).
   at::Tensor dq = like_query(q, q.sizes(), device);
   at::Tensor dk = like_query(k, k.sizes(), device);
@@ -540,11 +537,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   const at::Tensor dout = grad_out.scalar_type() == q.scalar_type() ? grad_out
                                                                       : grad_out.to(q.scalar_type());
   if (dq.numel() + dk.numel() + dv.numel() > 0) {
-    const at::Tensor expanded = mask.defined() ? mask.expand({B, Hq, L, S}) : mask;
-    k::AttentionShape shape{B, Hq, Hkv, L, S, D, Dv};
+    const k::AttentionShape shape = attention_shape(q, k, v);
     k::AttentionParams params{sc, is_causal, dropout_p, seed, offset};
     launch(device, "aten::_scaled_dot_product_fused_attention_overrideable_backward",
-           [=, dt = *kernel_dtype(q.scalar_type()), m = attention_mask(mask, expanded),
+           [=, dt = *kernel_dtype(q.scalar_type()), m = attention_mask(mask, shape),
             gp = dout.const_data_ptr(), qp = q.const_data_ptr(), kp = k.const_data_ptr(),
             vp = v.const_data_ptr(), op = out.const_data_ptr(), lp = lse.const_data_ptr<float>(),
             dqp = dq.data_ptr(), dkp = dk.data_ptr(), dvp = dv.data_ptr(), gs = strides4(dout),

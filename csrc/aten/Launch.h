@@ -28,7 +28,15 @@ void launchChecked(c10::DeviceIndex device, const char* name, uint64_t dtypes, i
 // An uninitialised axon tensor on `device` (allocated on its current stream).
 at::Tensor emptyDevice(c10::IntArrayRef sizes, c10::IntArrayRef strides,
                        c10::ScalarType dtype, c10::DeviceIndex device);
-at::Tensor emptyDeviceLike(const at::Tensor& t);  // contiguous, t's shape and dtype
+at::Tensor emptyDevice(c10::IntArrayRef sizes, c10::ScalarType dtype,
+                       c10::DeviceIndex device);  // contiguous
+// Laid out like t when t is dense (channels_last stays channels_last), else
+// contiguous: empty_like's preserve_format.
+at::Tensor emptyDeviceLike(const at::Tensor& t, c10::ScalarType dtype);
+
+// The axon device of an op's main tensor; PyTorch's same-device error if it
+// is on another device.
+c10::DeviceIndex axonDevice(const char* op, const at::Tensor& t);
 
 // A CPU argument an asynchronous kernel reads later: copied now, as CUDA
 // copies host arguments at launch, so the caller may change it meanwhile.

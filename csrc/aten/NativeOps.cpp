@@ -34,28 +34,7 @@
 namespace at::axon {
 namespace {
 
-// The axon device of an op's main tensor (the others are checked against it).
-c10::DeviceIndex device_of(const at::Tensor& t, const char* op) {
-  if (t.device().type() != kAxon) {
-    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least "
-                "two devices, ", t.device(), " and axon! (when checking arguments for ", op, ")");
-  }
-  return t.device().index();
-}
-
-at::Tensor empty_like_contiguous(c10::IntArrayRef sizes, c10::ScalarType dtype,
-                                 c10::DeviceIndex device) {
-  return emptyDevice(sizes, c10::contiguous_strides(sizes), dtype, device);
-}
-
-// A result laid out like t when t is dense (channels_last stays channels_last),
-// as empty_like's preserve_format.
-at::Tensor empty_like_preserved(const at::Tensor& t, c10::ScalarType dtype) {
-  if (t.is_non_overlapping_and_dense()) {
-    return emptyDevice(t.sizes(), t.strides(), dtype, t.device().index());
-  }
-  return empty_like_contiguous(t.sizes(), dtype, t.device().index());
-}
+c10::DeviceIndex device_of(const at::Tensor& t, const char* op) { return axonDevice(op, t); }
 
 // ------------------------------------------------------------ fills
 
@@ -221,7 +200,7 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
 at::Tensor relu(const at::Tensor& self) {
   TORCH_CHECK(self.scalar_type() != at::kBool, "Boolean inputs not supported for relu");
   const auto device = device_of(self, "relu");
-  at::Tensor out = empty_like_preserved(self, self.scalar_type());
+  at::Tensor out = emptyDeviceLike(self, self.scalar_type());
   if (out.numel() > 0) {
     launchCpuKernel(device, "aten::relu",
                     static_cast<at::Tensor& (*)(const at::Tensor&, const at::Scalar&, at::Tensor&)>(
@@ -273,7 +252,7 @@ at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
   TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), "torch.histc: range of [", lo, ", ", hi,
               "] is not finite");
   TORCH_CHECK(lo <= hi, "torch.histc: max must be larger than min");
-  at::Tensor out = empty_like_contiguous({bins}, self.scalar_type(), device);
+  at::Tensor out = emptyDevice({bins}, self.scalar_type(), device);
   launchCpuKernel(device, "aten::histc",
                   [bins](const at::Tensor& in, const at::Scalar& lo, const at::Scalar& hi,
                          at::Tensor& o) {
@@ -291,8 +270,8 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
                                                   std::optional<bool> train) {
   const auto device = device_of(input, "native_dropout");
   TORCH_CHECK(p >= 0 && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
-  at::Tensor out = empty_like_preserved(input, input.scalar_type());
-  at::Tensor mask = empty_like_preserved(input, at::kBool);
+  at::Tensor out = emptyDeviceLike(input, input.scalar_type());
+  at::Tensor mask = emptyDeviceLike(input, at::kBool);
   if (input.numel() == 0) return {out, mask};
   if (train.has_value() && !*train) {
     out.copy_(input);
@@ -325,7 +304,7 @@ at::Tensor multinomial(const at::Tensor& self, int64_t n, bool replacement,
               "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
   std::vector<int64_t> sizes = self.sizes().vec();
   sizes.back() = n;
-  at::Tensor out = empty_like_contiguous(sizes, at::kLong, device);
+  at::Tensor out = emptyDevice(sizes, at::kLong, device);
   at::Generator cpu_gen = cpuGeneratorFor(gen, device);
   launchCpuKernel(device, "aten::multinomial", &at::cpu::multinomial_outf, self, n, replacement,
                   std::optional<at::Generator>(cpu_gen), out);

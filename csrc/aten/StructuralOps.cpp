@@ -75,10 +75,8 @@ void syncCurrentStream(c10::DeviceIndex device) {
 at::Tensor copyToDevice(const at::Tensor& src, c10::DeviceIndex device) {
   c10::DeviceGuard guard(c10::Device(kAxon, device));
   bool dense = src.is_non_overlapping_and_dense();
-  at::Tensor dst = at::detail::empty_strided_generic(
-      src.sizes(), dense ? src.strides() : c10::contiguous_strides(src.sizes()),
-      getCachingAllocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      src.scalar_type());
+  at::Tensor dst = dense ? emptyDevice(src.sizes(), src.strides(), src.scalar_type(), device)
+                         : emptyDevice(src.sizes(), src.scalar_type(), device);
   if (src.numel() == 0) return dst;
   if (dense) {
     rt::Stream s = current_rt_stream(device);
