@@ -26,7 +26,19 @@ MIXED_OPS = {
     "where": lambda a, c: torch.where(a > 0, a, c),
     "index_select_cpu_index": lambda a, c: a.index_select(0, c[0].long()),
     "linear": lambda a, c: torch.nn.functional.linear(a, c),
+    "layer_norm": lambda a, c: torch.nn.functional.layer_norm(a, (3,), c[0]),
+    "softmax_backward": lambda a, c: torch.ops.aten._softmax_backward_data(c, a, 1, torch.float32),
+    "adamw_fused": lambda a, c: torch._fused_adamw_(
+        [a], [c], [a.clone()], [a.clone()], [], [torch.ones((), device="axon")], lr=0.1,
+        beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False),
 }
+
+
+def test_sdpa_with_cpu_and_axon_tensors_raises_pytorchs_error():
+    a = torch.ones(1, 1, 3, 3, device="axon")
+    with pytest.raises(RuntimeError, match="Expected query, key, and value to have the same "
+                                           "device type.*key.device: cpu"):
+        torch.nn.functional.scaled_dot_product_attention(a, a.cpu(), a)
 
 
 @pytest.mark.parametrize("op", list(MIXED_OPS))

@@ -587,6 +587,14 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
               name, ": tensor lists must have the same length");
   if (n == 0) return;
   const auto device = device_checked(name, params[0], {});
+  // Every list element on the parameters' device (CPU scalars are not taken
+  // here, unlike in elementwise ops).
+  auto same_device = [&](const at::Tensor& t) {
+    TORCH_CHECK(t.device() == params[0].device(),
+                "Expected all tensors to be on the same device, but found at least two devices, ",
+                params[0].device(), " and ", t.device(), "! (when checking arguments for ", name,
+                ")");
+  };
   struct Item {
     k::DType dt;
     int64_t numel;
@@ -602,8 +610,7 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor* group[] = {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]};
     for (const at::Tensor* t : group) {
-      TORCH_CHECK(t->device() == params[0].device(), name, ": expected all tensors on ",
-                  params[0].device(), ", got ", t->device());
+      same_device(*t);
       TORCH_CHECK(t->is_contiguous() && t->scalar_type() == params[i].scalar_type() &&
                       t->numel() == params[i].numel(),
                   name, ": parameters, gradients and states must be contiguous, of one dtype "
@@ -611,14 +618,14 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
     }
     const auto dt = kernel_dtype(params[i].scalar_type());
     TORCH_CHECK(dt.has_value(), name, ": unsupported dtype ", params[i].scalar_type());
-    TORCH_CHECK(steps[i].device() == params[0].device(), name,
-                ": state_steps must be on the parameters' device, got ", steps[i].device());
+    same_device(steps[i]);
     TORCH_CHECK(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat, name,
                 ": state_steps must be float32 scalars");
     void* vmax = nullptr;
     if (amsgrad) {
       const at::Tensor& v = max_exp_avg_sqs[i];
-      TORCH_CHECK(v.device() == params[0].device() && v.is_contiguous() &&
+      same_device(v);
+      TORCH_CHECK(v.is_contiguous() &&
                       v.scalar_type() == params[i].scalar_type() && v.numel() == params[i].numel(),
                   name, ": max_exp_avg_sqs must match the parameters");
       vmax = max_exp_avg_sqs[i].data_ptr();
