@@ -412,26 +412,25 @@ def shrink_dict(d: dict, layers: list[int] | None = None) -> dict:
     def has_int(k):
         return _is_int(d.get(k))
 
+    def cap(keys, limit):  # integer entries above limit become limit
+        for k in keys:
+            if has_int(k) and d[k] > limit:
+                d[k] = limit
+
     old = dict(d)
     heads_default = next((d[k] for k in sorted(HEAD_KEYS) if has_int(k)), None)
     depth_key = next((k for k in ("num_hidden_layers", "n_layer", "n_layers", "num_layers",
                                   "decoder_layers", "num_blocks") if has_int(k)), None)
     depth_default = d[depth_key] if depth_key else None
 
-    for k in WIDTH_KEYS:
-        if has_int(k) and d[k] > HIDDEN:
-            d[k] = HIDDEN
-    for k in HEAD_KEYS:
-        if has_int(k) and d[k] > HEADS:
-            d[k] = HEADS
+    cap(WIDTH_KEYS, HIDDEN)
+    cap(HEAD_KEYS, HEADS)
     for k in KV_HEAD_KEYS:
         if k in d and d[k] is None and heads_default is not None and k == "num_key_value_heads":
             d[k] = HEADS
         elif has_int(k) and d[k] > 1:
             d[k] = HEADS if heads_default is not None and d[k] >= heads_default else KV_HEADS
-    for k in HEAD_DIM_KEYS:
-        if has_int(k) and d[k] > HEAD_DIM:
-            d[k] = HEAD_DIM
+    cap(HEAD_DIM_KEYS, HEAD_DIM)
     if "head_dim" in d and d["head_dim"] is None and heads_default is not None:
         d["head_dim"] = HEAD_DIM
     if has_int("rotary_dim"):
@@ -452,17 +451,13 @@ def shrink_dict(d: dict, layers: list[int] | None = None) -> dict:
                 d[k] = d["qk_rope_head_dim"]
             elif has_int(k) and old[k] == qk_old:
                 d[k] = qk
-    for k in LORA_RANK_KEYS:
-        if has_int(k) and d[k] > 2 * HIDDEN // 4:
-            d[k] = 2 * HIDDEN // 4
+    cap(LORA_RANK_KEYS, 2 * HIDDEN // 4)
     for k in FFN_KEYS:
         if has_int(k) and d[k] > INTERMEDIATE:
             d[k] = INTERMEDIATE
         elif isinstance(d.get(k), list) and all(_is_int(x) for x in d[k]):
             d[k] = [min(x, INTERMEDIATE) for x in d[k]]
-    for k in EXPERT_FFN_KEYS:
-        if has_int(k) and d[k] > EXPERT_INTERMEDIATE:
-            d[k] = EXPERT_INTERMEDIATE
+    cap(EXPERT_FFN_KEYS, EXPERT_INTERMEDIATE)
     moe = any(has_int(k) for k in EXPERT_COUNT_KEYS | EXPERT_FFN_KEYS)
     for k in EXPERT_COUNT_KEYS:
         if has_int(k) and d[k] > EXPERTS:
@@ -479,24 +474,11 @@ def shrink_dict(d: dict, layers: list[int] | None = None) -> dict:
             d[k] = 1
         elif k in d and d[k] is None and moe and "moe_intermediate_size" in d:
             d[k] = 1
-    for k in ONE_KEYS:
-        if has_int(k) and d[k] > 1:
-            d[k] = 1
-    for k in POSITION_KEYS:
-        if has_int(k) and d[k] > MAX_POSITIONS:
-            d[k] = MAX_POSITIONS
-    for k in WINDOW_KEYS:
-        if has_int(k) and d[k] > WINDOW:
-            d[k] = WINDOW
-    for k in RANK_KEYS:
-        if has_int(k) and d[k] > 8:
-            d[k] = 8
-    for k in STATE_KEYS:
-        if has_int(k) and d[k] > 16:
-            d[k] = 16
-    for k in CHUNK_KEYS:
-        if has_int(k) and d[k] > WINDOW:
-            d[k] = WINDOW
+    cap(ONE_KEYS, 1)
+    cap(POSITION_KEYS, MAX_POSITIONS)
+    cap(WINDOW_KEYS | CHUNK_KEYS, WINDOW)
+    cap(RANK_KEYS, 8)
+    cap(STATE_KEYS, 16)
     # State-space heads: heads * head size = inner size.
     expand = d.get("mamba_expand") or d.get("expand") or 2
     if has_int("mamba_d_ssm"):
