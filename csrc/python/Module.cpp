@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "../core/StreamWork.h"
+#include "Inductor.h"
 #include "../aten/Fallback.h"
 #include "../core/AxonGenerator.h"
 #include "../core/AxonRuntime.h"
@@ -91,4 +92,5 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_test_inject_async_error", &inject_async_error);
   m.def("_test_sleep_on_stream", &sleep_on_stream);
+  initInductorBindings(m);
 }

@@ -24,3 +24,14 @@ def fallback_stats() -> dict[str, int]:
 def reset_fallback_stats() -> None:
     """Zero the counts fallback_stats() reports."""
     _C._reset_fallback_stats()
+
+
+def __getattr__(name: str):
+    # Inductor looks up the device's code generation here (see
+    # torch_axon.integrations.torch_compile.inductor_scheduling); the lookup
+    # registers it with Inductor directly.
+    if name == "Scheduling":
+        from ..integrations.torch_compile import inductor_scheduling
+
+        inductor_scheduling()
+    raise AttributeError(f"module 'torch.axon' has no attribute '{name}'")

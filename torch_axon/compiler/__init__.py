@@ -1,0 +1,31 @@
+"""torch.compile for axon.
+
+Graphs on axon tensors compile with Inductor, the default backend; the same
+compiler is also registered under the name ``"axon"`` (``torch.compile(model,
+backend="axon")``).  Kernels are Inductor's C++ kernels, run as stream work on
+the current axon stream; matmuls, attention and the other extern calls go to
+axon's own kernels.  Nothing here is imported until something compiles:
+Inductor's registration reaches it through ``torch.axon.Scheduling`` and
+Dynamo's through an import hook (torch_axon.integrations.torch_compile).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["axon_backend", "register"]
+
+
+def register() -> None:
+    """Register axon's Inductor backend and Dynamo device interface (idempotent)."""
+    from .codegen import register as _register
+
+    _register()
+
+
+def axon_backend(gm, example_inputs, **kwargs: Any):
+    """The ``"axon"`` torch.compile backend: Inductor with axon's code generation."""
+    register()
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs, **kwargs)

@@ -1,0 +1,192 @@
+"""Inductor's code generation for the axon device.
+
+axon memory is host-addressable and its compute units are host cores, so
+Inductor's own C++ backend (CppScheduling: fused, vectorised loops) generates
+the kernels.  What differs from the CPU is how they run: every kernel is
+enqueued on the device's current stream (runtime.py), and buffers come from
+the axon caching allocator on the right device.  Three classes:
+
+* AxonScheduling: CppScheduling whose kernels get axon's stream-launching
+  bindings.
+* AxonWrapperCodegen (+ the subgraph flavour): the Python wrapper; calls
+  kernels with their device index, allocates with ``empty_strided_axon``.
+* AxonDeviceOpOverrides: the device snippets Inductor pastes into wrappers.
+
+register() installs them, plus two adjustments in Inductor that assume only
+"cpu" runs C++ kernels (see _patch_scheduler_is_cpu).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import pathlib
+from textwrap import dedent
+from typing import Any
+
+import torch
+from torch._inductor import scheduler as _scheduler
+from torch._inductor.codegen.common import (DeviceOpOverrides, register_backend_for_device,
+                                            register_device_op_overrides)
+from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+from torch._inductor.custom_graph_pass import CustomGraphModulePass
+from torch._inductor.virtualized import V
+
+import torch_axon
+
+# Marks axon kernels' source: keeps a CPU kernel of the same loops (a graph
+# can hold both) from being mistaken for it by the wrapper's source->name map.
+_AXON_KERNEL_MARK = "// axon: enqueued on the device's current stream\n"
+_BINDING = "async_compile.cpp_pybinding("
+_AXON_BINDING = "axon_async_compile.cpp_pybinding("
+
+
+class AxonScheduling(CppScheduling):
+    """C++ kernels (as for the CPU) that run as axon stream work."""
+
+    def define_kernel(self, src_code, nodes, kernel_args=None):
+        wrapper = V.graph.wrapper_code
+        wrapper.axon_defining_kernel = True
+        try:
+            return super().define_kernel(_AXON_KERNEL_MARK + src_code, nodes, kernel_args)
+        finally:
+            wrapper.axon_defining_kernel = False
+
+
+class _AxonWrapperMixin:
+    """What the Python wrapper does differently on axon."""
+
+    axon_defining_kernel = False
+
+    def define_kernel(self, kernel_name: str, kernel_body: str, *args: Any, **kwargs: Any):
+        if self.axon_defining_kernel and kernel_body.startswith(_BINDING):
+            kernel_body = _AXON_BINDING + kernel_body[len(_BINDING):]
+        return super().define_kernel(kernel_name, kernel_body, *args, **kwargs)
+
+    def _generate_kernel_call_helper(self, kernel_name: str, call_args, *, device=None,
+                                     triton: bool = True, **kwargs: Any):
+        device = device or V.graph.get_current_device_or_throw()
+        if device.type == "axon" and not triton:
+            # The binding enqueues the kernel on the current stream of this
+            # device (the wrapper emits no device guards for non-GPU devices).
+            self.writeline(self.wrap_kernel_call(kernel_name, [str(_index(device)), *call_args]))
+            return
+        return super()._generate_kernel_call_helper(
+            kernel_name, call_args, device=device, triton=triton, **kwargs)
+
+    def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None,
+                        is_pinned=False):
+        if device.type != "axon" or torch._inductor.config.test_configs.track_memory_lifecycle:
+            return super().make_allocation(name, device, dtype, shape, stride,
+                                           allocation_shape, is_pinned)
+        if allocation_shape is None:
+            allocation_shape = shape
+        shape_str = self.codegen_python_shape_tuple(shape)
+        alloc_str = self.codegen_python_shape_tuple(allocation_shape)
+        stride_str = self.codegen_python_shape_tuple(stride)
+        out = f"{name} = empty_strided_axon({alloc_str}, {stride_str}, {dtype}, {_index(device)})"
+        if shape_str != alloc_str:
+            out += f".as_strided({shape_str}, {stride_str})"
+        return out
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.axon.current_device()
+
+
+class AxonWrapperCodegen(_AxonWrapperMixin, PythonWrapperCodegen):
+    """The Python wrapper of a graph that runs on axon."""
+
+    @staticmethod
+    def create(is_subgraph: bool, subgraph_name: str | None,
+               parent_wrapper: PythonWrapperCodegen | None, partition_signatures=None):
+        if is_subgraph:
+            assert subgraph_name is not None and parent_wrapper is not None
+            return AxonSubgraphWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
+        return AxonWrapperCodegen()
+
+    def write_header(self) -> None:
+        super().write_header()
+        self.imports.writeline(
+            "from torch_axon.compiler.runtime import axon_async_compile, empty_strided_axon")
+
+
+class AxonSubgraphWrapperCodegen(_AxonWrapperMixin, SubgraphPythonWrapperCodegen):
+    """Wrapper of a subgraph (cond, while_loop, invoke_subgraph) on axon."""
+
+
+class AxonDeviceOpOverrides(DeviceOpOverrides):
+    def import_get_raw_stream_as(self, name: str) -> str:
+        return dedent(f"""
+            def {name}(index):
+                return torch.axon.current_stream(index).stream_id
+            """)
+
+    def set_device(self, device_idx: int) -> str:
+        return f"torch.axon.set_device({device_idx})"
+
+    def synchronize(self) -> str:
+        return "torch.axon.synchronize()"
+
+    def device_guard(self, device_idx: int) -> str:
+        return f"torch.axon.device({device_idx})"
+
+    def cpp_kernel_type(self) -> str:
+        return "void*"
+
+
+class AxonCachePass(CustomGraphModulePass):
+    """No transformation: puts the axon backend's code into Inductor's cache keys.
+
+    Inductor hashes the device's custom pass into its FX-graph cache key, so
+    a cached graph compiled by another version of this code is not reused.
+    """
+
+    def __call__(self, gm: torch.fx.GraphModule) -> None:
+        return None
+
+    def uuid(self) -> Any:
+        return _source_hash()
+
+
+@functools.cache
+def _source_hash() -> str:
+    h = hashlib.sha256(torch_axon.__version__.encode())
+    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _patch_scheduler_is_cpu() -> None:
+    """Treat axon nodes as C++-kernel nodes where the scheduler asks is_cpu().
+
+    BaseSchedulerNode.is_cpu() picks between the C++ backend's loop handling
+    and the SIMD (Triton-style) one (loop reordering, reduction reindexing);
+    axon nodes are scheduled by the C++ backend, so they take the CPU branch.
+    """
+    def is_cpu(self) -> bool:
+        device = self.get_device()
+        return device is not None and device.type in ("cpu", "axon")
+
+    _scheduler.BaseSchedulerNode.is_cpu = is_cpu
+
+
+_registered = False
+
+
+def register() -> None:
+    """Make Inductor compile graphs on axon tensors (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    # Dynamo's device interface is normally registered when Dynamo loads.
+    from torch._dynamo.device_interface import register_interface_for_device
+
+    from .device_interface import AxonInterface
+    register_interface_for_device("axon", AxonInterface)
+    _patch_scheduler_is_cpu()
+    register_device_op_overrides("axon", AxonDeviceOpOverrides())
+    register_backend_for_device("axon", AxonScheduling, AxonWrapperCodegen,
+                                device_custom_pass=AxonCachePass())
