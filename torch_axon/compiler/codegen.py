@@ -172,6 +172,35 @@ def _patch_scheduler_is_cpu() -> None:
     _scheduler.BaseSchedulerNode.is_cpu = is_cpu
 
 
+def _patch_get_current_backend() -> None:
+    """Name the C++ backend ("cpp") as the code generator of axon kernels.
+
+    ``torch._inductor.utils.get_current_backend`` answers ``config.cuda_backend``
+    ("triton") for every device it does not know; its callers then pick Triton
+    idioms (fp32 upcasts, dtype propagation of masked loads) for C++ code.
+    """
+    import torch._inductor.codegen.common as common
+    import torch._inductor.kernel.mm_common as mm_common
+    import torch._inductor.utils as utils
+
+    original = utils.get_current_backend
+    if getattr(original, "_axon_patch", False):
+        return
+
+    @functools.wraps(original)
+    def get_current_backend(device_type: str | None = None) -> str:
+        if not device_type:
+            device_type = V.graph.get_current_device_or_throw().type
+        if device_type == "axon":
+            return torch._inductor.config.cpu_backend
+        return original(device_type)
+
+    get_current_backend._axon_patch = True
+    for module in (utils, common, _scheduler, mm_common):
+        if getattr(module, "get_current_backend", None) is original:
+            module.get_current_backend = get_current_backend
+
+
 _registered = False
 
 
@@ -187,6 +216,7 @@ def register() -> None:
     from .device_interface import AxonInterface
     register_interface_for_device("axon", AxonInterface)
     _patch_scheduler_is_cpu()
+    _patch_get_current_backend()
     register_device_op_overrides("axon", AxonDeviceOpOverrides())
     register_backend_for_device("axon", AxonScheduling, AxonWrapperCodegen,
                                 device_custom_pass=AxonCachePass())

@@ -65,3 +65,50 @@ def training_args_bf16_available(training_args) -> None:
 
     is_torch_bf16_gpu_available._axon_patch = True
     training_args.is_torch_bf16_gpu_available = is_torch_bf16_gpu_available
+
+
+@on_import("transformers.generation.utils")
+def generation_auto_compile(generation_utils) -> None:
+    """Patch ``GenerationMixin._valid_auto_compile_criteria``.
+
+    ``generate`` compiles the decoding step by itself (when the cache is a
+    compilable one such as ``cache_implementation="static"``) only if the model
+    is on ``["cuda", "xpu", "neuron", "tpu"]``, or if ``compile_config`` carries
+    the private ``_compile_all_devices`` flag.  For a model on axon the wrapper
+    sets that flag for the duration of the check (with the default
+    ``CompileConfig()`` where none was given), so axon compiles exactly where
+    CUDA would; every other condition of the check (cache type,
+    ``disable_compile``, quantizers, offloading) is upstream's.
+    """
+    cls = generation_utils.GenerationMixin
+    original = cls._valid_auto_compile_criteria
+    if getattr(original, "_axon_patch", False):
+        return
+
+    @functools.wraps(original)
+    def _valid_auto_compile_criteria(self, model_kwargs, generation_config) -> bool:
+        device = getattr(self, "device", None)
+        if device is None or device.type != "axon":
+            return original(self, model_kwargs, generation_config)
+        given = generation_config.compile_config
+        if given is None:
+            from transformers.generation.configuration_utils import CompileConfig
+
+            config = CompileConfig()
+        else:
+            config = given
+        had_flag = "_compile_all_devices" in config.__dict__
+        flag = config.__dict__.get("_compile_all_devices")
+        generation_config.compile_config = config
+        config._compile_all_devices = True
+        try:
+            return original(self, model_kwargs, generation_config)
+        finally:
+            if had_flag:
+                config._compile_all_devices = flag
+            else:
+                del config._compile_all_devices
+            generation_config.compile_config = given
+
+    _valid_auto_compile_criteria._axon_patch = True
+    cls._valid_auto_compile_criteria = _valid_auto_compile_criteria
