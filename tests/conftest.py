@@ -163,3 +163,42 @@ def fresh_memory():
     """Collects garbage so allocator statistics only count the test's tensors."""
     gc.collect()
     yield
+
+
+# Tiny configurations of Transformers causal LMs (random init, no downloads).
+TINY_LM_VOCAB = 128
+_TINY_LM_SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=TINY_LM_VOCAB,
+                      max_position_embeddings=128)
+TINY_LM_ARCHS = {
+    "llama": _TINY_LM_SMALL,
+    "qwen3": dict(_TINY_LM_SMALL, head_dim=16),
+    "mistral": _TINY_LM_SMALL,
+    "gemma": dict(_TINY_LM_SMALL, head_dim=16),
+    "phi3": dict(_TINY_LM_SMALL, pad_token_id=0),
+    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, vocab_size=TINY_LM_VOCAB, n_positions=128),
+    "gpt_neox": dict(_TINY_LM_SMALL),
+    "opt": dict(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                vocab_size=TINY_LM_VOCAB, max_position_embeddings=128, word_embed_proj_dim=64),
+    "falcon": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   vocab_size=TINY_LM_VOCAB),
+    "mixtral": dict(_TINY_LM_SMALL, num_local_experts=4, num_experts_per_tok=2),
+}
+
+
+def tiny_causal_lm(arch: str):
+    """A tiny random-init causal LM of a Transformers architecture (CPU, eval, sdpa)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(arch, **TINY_LM_ARCHS[arch])
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value >= TINY_LM_VOCAB:
+            setattr(cfg, name, 0)
+    # No dropout, so that training steps compare with the CPU's (dropout draws
+    # from each device's own generator); the test switches it on separately.
+    for name, value in cfg.to_dict().items():
+        if isinstance(value, float) and ("dropout" in name or "pdrop" in name):
+            setattr(cfg, name, 0.0)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()

@@ -1021,6 +1021,35 @@ def test_linear_decode_shape_in_a_model_matches_cpu(no_fallback):
     assert_same(lin_a(x.axon()), lin(x), accum=True)
 
 
+@pytest.mark.parametrize("out_kind", ["exact", "strided_rows", "wrong_shape", "aliases_input"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_few_rows_out_variant_matches_cpu(out_kind, bias, no_fallback):
+    """mm.out / addmm.out (what torch.compile's generated code calls) take the
+    few-rows kernel when out is a fresh float buffer of the right shape; else
+    ATen's out= path (resize, overlap rules)."""
+    x = make((4, 37), torch.float32, seed=1)
+    w = make((53, 37), torch.float32, seed=2)
+    b = make((53,), torch.float32, seed=3)
+
+    def run(device):
+        xd, wd, bd = x.to(device), w.to(device), b.to(device)
+        if out_kind == "exact":
+            out = torch.full((4, 53), 7.0, device=device)
+        elif out_kind == "strided_rows":
+            out = torch.full((4, 60), 7.0, device=device)[:, :53]
+        elif out_kind == "wrong_shape":
+            out = torch.empty(0, device=device)
+        else:  # out shares memory with x (a [4, 53] view of a bigger buffer)
+            xd = torch.cat([xd, torch.zeros(4, 16, device=device)], 1)[:, :37]
+            out = xd.as_strided((4, 53), (53, 1))
+        result = torch.addmm(bd, xd, wd.t(), out=out) if bias else torch.mm(xd, wd.t(), out=out)
+        assert result.data_ptr() == out.data_ptr()
+        return out
+
+    expected = run("cpu")
+    assert_same(run("axon"), expected, accum=True)
+
+
 # ---------------------------------------------------------------- review regressions
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -7,42 +7,11 @@ import copy
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
+from conftest import TINY_LM_ARCHS as ARCHS
+from conftest import TINY_LM_VOCAB as VOCAB
 from conftest import assert_same
-
-VOCAB = 128
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-             max_position_embeddings=128)
-ARCHS = {
-    "llama": SMALL,
-    "qwen3": dict(SMALL, head_dim=16),
-    "mistral": SMALL,
-    "gemma": dict(SMALL, head_dim=16),
-    "phi3": dict(SMALL, pad_token_id=0),
-    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=128),
-    "gpt_neox": dict(SMALL),
-    "opt": dict(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-                vocab_size=VOCAB, max_position_embeddings=128, word_embed_proj_dim=64),
-    "falcon": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB),
-    "mixtral": dict(SMALL, num_local_experts=4, num_experts_per_tok=2),
-}
-
-
-def tiny_model(arch):
-    cfg = AutoConfig.for_model(arch, **ARCHS[arch])
-    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        value = getattr(cfg, name, None)
-        if isinstance(value, int) and value >= VOCAB:
-            setattr(cfg, name, 0)
-    # No dropout, so that training steps compare with the CPU's (dropout draws
-    # from each device's own generator); the test switches it on separately.
-    for name, value in cfg.to_dict().items():
-        if isinstance(value, float) and ("dropout" in name or "pdrop" in name):
-            setattr(cfg, name, 0.0)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+from conftest import tiny_causal_lm as tiny_model
 
 
 def train_step(model, ids, fused):

@@ -136,6 +136,7 @@ NEW_TOKENS = 16
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 DEFAULT_TIMEOUT = 60
+COMPILE_TIMEOUT = 240  # added to the limit for the compiled column (cold compiles: ~20-60 s)
 DEFAULT_OUTPUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "docs", "COMPATIBILITY.md")
 
@@ -319,6 +320,15 @@ class ArchResult:
     fallback_fwd_bwd: dict = dataclasses.field(default_factory=dict)
     fallback_generate: dict = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
+    # The compiled column (--compiled): "not run", "ok", "mismatch", "n/a: why",
+    # "error(stage): message" or "skipped" (the axon copy was not usable).
+    compiled: str = "not run"
+    compiled_note: str = ""       # tie note; on failure, what CPU Inductor does
+    compiled_graphs: int | None = None
+    compiled_breaks: int | None = None
+    compiled_seconds: float | None = None
+    compiled_break_reasons: dict = dataclasses.field(default_factory=dict)  # reason -> count
+    fullgraph_declared: bool | None = None  # the model's _can_compile_fullgraph
 
     @property
     def cpu_ok(self) -> bool:
@@ -327,6 +337,12 @@ class ArchResult:
     @property
     def axon_ok(self) -> bool:
         return self.axon == "ok"
+
+    @property
+    def compiled_applies(self) -> bool:
+        """The compiled column ran to a verdict other than "n/a"."""
+        return self.compiled == "ok" or self.compiled == "mismatch" or \
+            self.compiled.startswith("error(")
 
 
 class _Timeout(Exception):
@@ -810,16 +826,23 @@ def run_train_step(model, inputs):
     return loss.detach().float().cpu(), grads
 
 
-def run_generate(model, inputs):
+def run_generate(model, inputs, with_cache: bool = False, **extra):
+    """(tokens, per-step scores) of greedy generate on the CPU; with with_cache
+    also the name of the cache class generate used. extra: more generate
+    keyword arguments (cache_implementation, compile_config, ...)."""
     model.eval()
     kw = dict(do_sample=False, num_beams=1, max_new_tokens=NEW_TOKENS,
               min_new_tokens=NEW_TOKENS, pad_token_id=inputs["pad"],
               return_dict_in_generate=True, output_scores=True)
     kw.update(inputs.get("generate_kwargs", {}))
+    kw.update(extra)
     with torch.no_grad(), _quiet():
         out = model.generate(**inputs["generate"], **kw)
     seq = out.sequences.cpu()
     scores = [s.detach().float().cpu() for s in out.scores] if out.scores else []
+    if with_cache:
+        cache = getattr(out, "cache", None)
+        return seq, scores, type(cache).__name__ if cache is not None else "no cache"
     return seq, scores
 
 
@@ -863,21 +886,189 @@ def _alarm_handler(signum, frame):
     raise _Timeout()
 
 
+def _is_timeout(exc: BaseException) -> bool:
+    """exc is, or wraps (Dynamo re-raises errors of the code it traces and of
+    the backend in its own exception types), the harness's time limit."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, _Timeout):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _compile_config(backend: str):
+    from transformers.generation.configuration_utils import CompileConfig
+
+    config = CompileConfig(backend=backend, fullgraph=False, dynamic=False)
+    if backend != "axon":
+        config._compile_all_devices = True  # Transformers' switch to compile off CUDA
+    return config
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    """(graphs Dynamo compiled, graph breaks) since the last counters.clear()."""
+    from torch._dynamo.utils import counters
+
+    return (int(counters["stats"]["unique_graphs"]),
+            int(sum(counters["graph_break"].values())))
+
+
+def _break_reasons() -> dict:
+    """Graph-break reasons (first line, shortened) -> count, since counters.clear()."""
+    from torch._dynamo.utils import counters
+
+    out: dict[str, int] = {}
+    for reason, n in counters["graph_break"].items():
+        first = next((ln.strip() for ln in str(reason).splitlines() if ln.strip()), "?")
+        key = _trim(first, 150)
+        out[key] = out.get(key, 0) + int(n)
+    return out
+
+
+def _dynamo_reset() -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def _cpu_inductor_control(model_cpu, inputs_cpu, tol: float) -> str:
+    """What the same compiled generate does on the CPU with Inductor (the
+    control for a compiled failure on axon): a short note."""
+    try:
+        seq_e, scores_e = run_generate(model_cpu, inputs_cpu, cache_implementation="static",
+                                       disable_compile=True)
+        _dynamo_reset()
+        seq_c, _ = run_generate(model_cpu, inputs_cpu, cache_implementation="static",
+                                compile_config=_compile_config("inductor"))
+    except Exception as e:  # noqa: BLE001
+        if _is_timeout(e):
+            raise _Timeout() from e
+        return f"CPU Inductor: error: {_short(e, 120)}"
+    finally:
+        graphs, breaks = _dynamo_counts()
+        _dynamo_reset()
+    if seq_c.shape == seq_e.shape and (torch.equal(seq_c, seq_e) or _tokens_tie(
+            seq_e, seq_c, scores_e, inputs_cpu["generate"]["input_ids"].shape[1], tol)):
+        return f"CPU Inductor: ok ({graphs} graphs, {breaks} breaks)"
+    return f"CPU Inductor: mismatch ({graphs} graphs, {breaks} breaks)"
+
+
+def run_compiled(r: ArchResult, model_dev, inputs_dev, model_cpu, inputs_cpu, *, tol: float,
+                 timeout: float | None, at) -> None:
+    """The compiled column (see the module docstring): greedy generate with a
+    static cache on the device, eagerly and compiled by the "axon" backend;
+    fills r.compiled*. model_cpu / inputs_cpu (same weights and inputs) serve
+    the CPU controls. The time limit (the caller's SIGALRM) ends it with
+    "error(stage): timeout"; at(stage, where) reports progress."""
+    r.fullgraph_declared = bool(getattr(model_dev, "_can_compile_fullgraph", False))
+    stage = "static-eager"
+    at(stage, "compiled")
+    try:
+        try:
+            seq_e, scores_e, cache = run_generate(model_dev, inputs_dev, with_cache=True,
+                                                  cache_implementation="static",
+                                                  disable_compile=True)
+        except Exception as e:  # noqa: BLE001
+            if _is_timeout(e):
+                raise
+            # Does the static cache fail on the CPU too (a model limitation)?
+            stage = "static-eager-cpu"
+            at(stage, "compiled")
+            try:
+                run_generate(model_cpu, inputs_cpu, cache_implementation="static",
+                             disable_compile=True)
+            except Exception as e_cpu:  # noqa: BLE001
+                if _is_timeout(e_cpu):
+                    raise
+                r.compiled = f"n/a: static cache fails on the CPU too: {_short(e_cpu, 120)}"
+                return
+            r.compiled = f"error(static-eager): {_short(e)}"
+            return
+
+        stage = "compile"
+        at(stage, "compiled")
+        _dynamo_reset()
+        t0 = time.perf_counter()
+        try:
+            seq_c, _ = run_generate(model_dev, inputs_dev, cache_implementation="static",
+                                    compile_config=_compile_config("axon"))
+            error = None
+        except Exception as e:  # noqa: BLE001
+            if _is_timeout(e):
+                raise
+            error = e
+        finally:
+            r.compiled_seconds = time.perf_counter() - t0
+            r.compiled_graphs, r.compiled_breaks = _dynamo_counts()
+            r.compiled_break_reasons = _break_reasons()
+            _dynamo_reset()
+        if error is None and r.compiled_graphs == 0:
+            # generate ran the decoding step eagerly: nothing was compiled.
+            if not model_dev._supports_default_dynamic_cache():
+                why = f"the model keeps its own cache ({cache}); cache_implementation is ignored"
+            elif cache != "StaticCache":
+                why = f"generate used {cache}, not a compilable cache"
+            elif "llama4" in str(getattr(model_dev.config, "model_type", "")):
+                why = "Transformers does not compile llama4's decoding step (get_compiled_call)"
+            else:
+                why = f"generate did not compile the decoding step ({cache})"
+            r.compiled = f"n/a: {why}"
+            return
+        if error is None:
+            prompt_len = inputs_dev["generate"]["input_ids"].shape[1]
+            if seq_c.shape == seq_e.shape and torch.equal(seq_c, seq_e):
+                r.compiled = "ok"
+                return
+            tie = seq_c.shape == seq_e.shape and _tokens_tie(seq_e, seq_c, scores_e, prompt_len,
+                                                             tol)
+            if tie:
+                r.compiled, r.compiled_note = "ok", tie
+                return
+            r.compiled = "mismatch"
+        else:
+            r.compiled = f"error(compile): {_short(error)}"
+        stage = "cpu-inductor"
+        at(stage, "compiled")
+        r.compiled_note = _cpu_inductor_control(model_cpu, inputs_cpu, tol)
+    except Exception as e:  # noqa: BLE001  (_Timeout, or an error that wraps it)
+        if not _is_timeout(e):
+            raise
+        if stage == "cpu-inductor":  # the verdict on axon stands
+            r.compiled_note = f"CPU Inductor: timeout after {timeout:g}s"
+        else:
+            r.compiled = f"error({stage}): timeout after {timeout:g}s"
+
+
 def run_architecture(model_type: str, *, dtype: torch.dtype = torch.float32,
                      timeout: float | None = DEFAULT_TIMEOUT, device: str = "axon",
-                     seed: int = 0, progress=None) -> ArchResult:
+                     seed: int = 0, progress=None, compiled: bool = False,
+                     compiled_only: bool = False, partial=None) -> ArchResult:
     """Runs one architecture on the CPU and on device; never raises (except
     KeyboardInterrupt). progress(stage) is called as each stage starts
-    ("cpu:forward", "axon:generate", ...). timeout (seconds) is enforced with
-    SIGALRM, which cannot interrupt a hang inside C++: main() runs
-    architectures in a worker process it can kill for that."""
+    ("cpu:forward", "axon:generate", "compiled:compile", ...). timeout
+    (seconds) is enforced with SIGALRM, which cannot interrupt a hang inside
+    C++: main() runs architectures in a worker process it can kill for that.
+
+    compiled: also run the compiled column (run_compiled) after the axon
+    checks; compiled_only: build the model and run only the compiled column
+    (cpu and axon stay "not run"). partial(result) is called just before the
+    compiled column starts, so that a worker killed during it keeps the
+    results so far."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     r = ArchResult(model_type, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, "?"))
     tol = TOLERANCE.get(dtype, 1e-4)
     if model_type in NOT_STANDALONE:
         r.cpu, r.axon = f"n/a: {NOT_STANDALONE[model_type]}", "skipped"
+        if compiled or compiled_only:
+            r.compiled = "skipped"
         return r
+    compiled = compiled or compiled_only
+    if compiled:
+        _dynamo_reset()  # every architecture starts from a clean Dynamo
     t0 = time.perf_counter()
     use_alarm = bool(timeout) and hasattr(signal, "SIGALRM") and \
         threading_is_main()
@@ -905,6 +1096,8 @@ def run_architecture(model_type: str, *, dtype: torch.dtype = torch.float32,
             r.params = sum(p.numel() for p in model.parameters())
             model_ax = copy.deepcopy(model)
             inputs = make_inputs(model, seed, model_type)
+            if compiled_only:
+                raise _CompiledOnly()
             at("forward")
             logits_cpu = run_forward(model, inputs)
             at("train")
@@ -917,16 +1110,25 @@ def run_architecture(model_type: str, *, dtype: torch.dtype = torch.float32,
             at("generate")
             seq_cpu, scores_cpu = run_generate(model, inputs)
             r.cpu = "ok"
+        except _CompiledOnly:
+            _compiled_column(r, model_ax, model, inputs, device=device, tol=tol,
+                             timeout=timeout, at=at, partial=partial)
+            return r
         except _Timeout:
             r.cpu = f"error({stage}): timeout after {timeout:g}s"
             r.axon = "skipped"
+            if compiled:
+                r.compiled = "skipped"
             return r
         except Exception as e:  # noqa: BLE001
             r.cpu = f"error({stage}): {_short(e)}"
             r.axon = "skipped"
+            if compiled:
+                r.compiled = "skipped"
             return r
-        del model
-        model = None
+        if not compiled:  # else the CPU model serves the compiled column's CPU controls
+            del model
+            model = None
 
         # ---- axon ----
         problems = []
@@ -983,11 +1185,19 @@ def run_architecture(model_type: str, *, dtype: torch.dtype = torch.float32,
                 r.fallback_fwd_bwd = torch.axon.fallback_stats()
             elif stage == "generate" and not r.fallback_generate:
                 r.fallback_generate = torch.axon.fallback_stats()
+        if compiled:
+            if "timeout" in r.axon:
+                r.compiled = "skipped"  # the time limit is spent
+            else:
+                _compiled_column(r, model_ax, model, inputs, device=device, tol=tol,
+                                 timeout=timeout, at=at, partial=partial)
         return r
     except _Timeout:  # fired between the guarded blocks
         if r.cpu == "not run":
             r.cpu = f"error({stage}): timeout after {timeout:g}s"
         r.axon = r.axon if r.axon != "not run" else f"error({stage}): timeout after {timeout:g}s"
+        if compiled and r.compiled == "not run":
+            r.compiled = "skipped"
         return r
     finally:
         if use_alarm:
@@ -995,10 +1205,37 @@ def run_architecture(model_type: str, *, dtype: torch.dtype = torch.float32,
             signal.signal(signal.SIGALRM, old)
         r.seconds = time.perf_counter() - t0
         model = model_ax = None
+        if compiled:
+            with contextlib.suppress(Exception):
+                _dynamo_reset()  # drops the compiled graphs (and the model they hold)
         gc.collect()
         with contextlib.suppress(Exception):
             torch.axon.synchronize()
             torch.axon.empty_cache()
+
+
+class _CompiledOnly(Exception):
+    """compiled_only: the model and inputs are ready; skip the CPU checks."""
+
+
+def _compiled_column(r: ArchResult, model_ax, model_cpu, inputs: dict, *, device: str,
+                     tol: float, timeout: float | None, at, partial) -> None:
+    """run_compiled on the device copy of the model (moved there if needed);
+    never raises (a timeout or error becomes r.compiled)."""
+    if partial is not None:
+        partial(r)
+    stage = "to(device)"
+    try:
+        if next(iter(model_ax.parameters()), torch.empty(0)).device.type != device:
+            at(stage, "compiled")
+            model_ax = model_ax.to(device)
+        inputs_dev = _to(inputs, device)
+        stage = "compiled"
+        run_compiled(r, model_ax, inputs_dev, model_cpu, inputs, tol=tol, timeout=timeout,
+                     at=at)
+    except Exception as e:  # noqa: BLE001
+        r.compiled = (f"error({stage}): timeout after {timeout:g}s" if _is_timeout(e)
+                      else f"error({stage}): {_short(e)}")
 
 
 def threading_is_main() -> bool:
@@ -1067,6 +1304,9 @@ def _pct(a: int, b: int) -> str:
 
 def totals_lines(results: list[ArchResult]) -> list[str]:
     t = totals(results)
+    if results and all(r.cpu == "not run" for r in results):  # --compiled-only
+        return [f"- architectures enumerated: {t['total']} (CPU and axon checks not run)",
+                *compiled_lines(results)]
     return [
         f"- architectures enumerated: {t['total']}",
         f"- work on CPU: {t['cpu_ok']}",
@@ -1075,18 +1315,49 @@ def totals_lines(results: list[ArchResult]) -> list[str]:
         f"- of those, forward + backward with zero fallback ops: {t['zero_fallback']} "
         f"({_pct(t['zero_fallback'], t['cpu_ok'])} of the CPU-working ones)",
         f"- of those, also generate with zero fallback ops: {t['zero_fallback_all']}",
-    ]
+    ] + compiled_lines(results)
+
+
+def compiled_totals(results: list[ArchResult]) -> dict:
+    """Counts of the compiled column (over the architectures it ran for)."""
+    ran = [r for r in results if r.compiled != "not run"]
+    applies = [r for r in ran if r.compiled_applies]
+    ok = [r for r in applies if r.compiled == "ok"]
+    return dict(ran=len(ran), applies=len(applies), ok=len(ok),
+                no_breaks=sum(1 for r in ok if r.compiled_breaks == 0),
+                na=sum(1 for r in ran if r.compiled.startswith("n/a")),
+                skipped=sum(1 for r in ran if r.compiled == "skipped"),
+                mismatch=sum(1 for r in applies if r.compiled == "mismatch"),
+                error=sum(1 for r in applies if r.compiled.startswith("error(")))
+
+
+def compiled_lines(results: list[ArchResult]) -> list[str]:
+    """The compiled column's summary line (none if it did not run)."""
+    c = compiled_totals(results)
+    if not c["ran"]:
+        return []
+    line = (f"- compiled generate (static cache, `backend=\"axon\"`): {c['ok']}/{c['applies']} "
+            f"compile with tokens equal to eager; {c['no_breaks']} with no graph breaks "
+            f"({c['mismatch']} mismatch, {c['error']} error; {c['na']} n/a: cannot use "
+            f"a static cache or not compiled by generate")
+    if c["skipped"]:
+        line += f"; {c['skipped']} skipped"
+    return [line + ")"]
 
 
 def print_table(results: list[ArchResult], out=None) -> None:
     out = out or sys.stdout
-    rows = [("architecture", "CPU", "axon", "max err", "fallback ops (fwd+bwd)")]
+    with_compiled = any(r.compiled != "not run" for r in results)
+    rows = [("architecture", "CPU", "axon", "max err")
+            + (("compiled (graphs, breaks, s)",) if with_compiled else ())
+            + ("fallback ops (fwd+bwd)",)]
     for r in results:
         ops = str(len(r.fallback_fwd_bwd))
         if r.fallback_fwd_bwd:
             ops += f": {_trim(_fmt_ops(r.fallback_fwd_bwd), 60)}"
         rows.append((r.model_type, _trim(r.cpu, 40), _trim(r.axon, 40),
-                     _fmt_err(r.logits_err), ops))
+                     _fmt_err(r.logits_err))
+                    + ((_trim(_fmt_compiled(r), 60),) if with_compiled else ()) + (ops,))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1], file=out)
@@ -1100,11 +1371,37 @@ def _trim(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
+def _fmt_compiled(r: ArchResult) -> str:
+    """The compiled column in one cell: status (graphs, breaks, seconds); note."""
+    if r.compiled == "not run":
+        return ""
+    text = r.compiled
+    if r.compiled_graphs is not None and r.compiled_applies:
+        text += (f" ({r.compiled_graphs} graph{'s' if r.compiled_graphs != 1 else ''}, "
+                 f"{r.compiled_breaks} break{'s' if r.compiled_breaks != 1 else ''}, "
+                 f"{r.compiled_seconds:.1f} s)")
+    if r.compiled_note:
+        text += f"; {r.compiled_note}"
+    return text
+
+
 def render_markdown(results: list[ArchResult], *, command: str, seconds: float,
-                    dtype: torch.dtype, timeout: float) -> str:
+                    dtype: torch.dtype, timeout: float, compile_timeout: float | None = None,
+                    compiled_only: bool = False) -> str:
+    """The report. timeout: the per-architecture limit of the eager checks;
+    compile_timeout: the seconds added for the compiled column (None: it did
+    not run); compiled_only: only the compiled column ran."""
     import transformers
 
     t = totals(results)
+    with_compiled = any(r.compiled != "not run" for r in results)
+    if compiled_only:
+        limit = f"per-architecture limit {compile_timeout or 0:g} s, compiled column only"
+    elif compile_timeout is not None:
+        limit = (f"per-architecture limit {timeout:g} s + {compile_timeout:g} s for the "
+                 "compiled column")
+    else:
+        limit = f"per-architecture limit {timeout:g} s"
     lines = [
         "# Causal-LM compatibility of axon",
         "",
@@ -1112,7 +1409,7 @@ def render_markdown(results: list[ArchResult], *, command: str, seconds: float,
         f"Generated by `{command}` on {datetime.date.today().isoformat()} "
         f"(torch {torch.__version__}, transformers {transformers.__version__}, "
         f"Python {platform.python_version()}, {os.cpu_count()} cores; "
-        f"{seconds / 60:.1f} min, per-architecture limit {timeout:g} s).",
+        f"{seconds / 60:.1f} min, {limit}).",
         "Regenerate with `python -m torch_axon.compat` "
         "(see the docstring of `torch_axon/compat.py`).",
         "",
@@ -1124,6 +1421,11 @@ def render_markdown(results: list[ArchResult], *, command: str, seconds: float,
         f"tolerance {TOLERANCE.get(dtype, 1e-4):g} abs + rel), one training step "
         "(loss and every gradient, same tolerance) and greedy `generate()` of "
         f"{NEW_TOKENS} tokens (identical tokens). \"Works\" means all three pass.",
+        *([("Compiled column (`--compiled`): on axon, the same greedy `generate()` with "
+            "`cache_implementation=\"static\"`, eagerly (`disable_compile=True`) and with "
+            "`compile_config=CompileConfig(backend=\"axon\", fullgraph=False, "
+            "dynamic=False)` (Transformers compiles the decoding step); the tokens must be "
+            "identical (see \"Compiled generate\" below).")] if with_compiled else []),
         "",
         "## Totals",
         "",
@@ -1174,8 +1476,10 @@ def render_markdown(results: list[ArchResult], *, command: str, seconds: float,
         "",
         "| architecture | model class | attn | params | CPU | axon | max logit err | "
         "grads ok (max err) | generate tokens equal | fallback ops (forward+backward) | "
-        "fallback ops (generate) | s |",
-        "| --- | --- | --- | ---: | --- | --- | ---: | --- | --- | --- | --- | ---: |",
+        "fallback ops (generate) | "
+        + ("compiled (graphs, breaks, s) | " if with_compiled else "") + "s |",
+        "| --- | --- | --- | ---: | --- | --- | ---: | --- | --- | --- | --- | "
+        + ("--- | " if with_compiled else "") + "---: |",
     ]
     for r in results:
         tok = _yesno(r.tokens_equal) + (f" ({r.tokens_note})" if r.tokens_note else "")
@@ -1183,7 +1487,8 @@ def render_markdown(results: list[ArchResult], *, command: str, seconds: float,
             f"| {r.model_type} | {r.model_class} | {r.attn} | {r.params:,} | "
             f"{_md(r.cpu)} | {_md(r.axon)} | {_fmt_err(r.logits_err)} | "
             f"{_yesno(r.grads_ok)}{f' ({_fmt_err(r.grad_err)})' if r.grad_err is not None else ''} | {tok} | {_fmt_ops(r.fallback_fwd_bwd)} | "
-            f"{_fmt_ops(r.fallback_generate)} | {r.seconds:.1f} |")
+            f"{_fmt_ops(r.fallback_generate)} | "
+            + (f"{_md(_fmt_compiled(r))} | " if with_compiled else "") + f"{r.seconds:.1f} |")
     census = fallback_census(results, with_names=True)
     lines += [
         "",
@@ -1213,7 +1518,57 @@ def render_markdown(results: list[ArchResult], *, command: str, seconds: float,
         or ["(none)"]
     lines += ["", "## Not working on CPU (excluded from the axon totals)", ""]
     lines += [f"- {r.model_type}: {_md(r.cpu)}" for r in not_cpu] or ["(none)"]
+    if with_compiled:
+        lines += compiled_section(results)
     return "\n".join(lines) + "\n"
+
+
+def compiled_section(results: list[ArchResult]) -> list[str]:
+    """The report's "Compiled generate" section: what the column means, then the
+    architectures that are not "ok" grouped by status, and the graph breaks."""
+    c = compiled_totals(results)
+    ran = [r for r in results if r.compiled != "not run"]
+    declared = [r for r in ran if r.compiled_applies and r.fullgraph_declared]
+    lines = [
+        "", "## Compiled generate", "",
+        "Column \"compiled\": on axon, greedy `generate()` as above with "
+        "`cache_implementation=\"static\"`, once eagerly (`disable_compile=True`) and once "
+        "with `compile_config=CompileConfig(backend=\"axon\", fullgraph=False, "
+        "dynamic=False)`: the prefill runs eagerly, the decoding step is compiled. "
+        "\"ok\": identical tokens (or a tie at the first difference, as above, on the "
+        "eager run's scores); graphs: graphs Dynamo compiled "
+        "(`counters[\"stats\"][\"unique_graphs\"]`, Dynamo reset before each "
+        "architecture); breaks: graph breaks; s: the compiled `generate()` including "
+        "compilation (Inductor's on-disk caches as they were). \"n/a\": the model "
+        "cannot use a static cache (the static-cache eager run fails on the CPU too) or "
+        "`generate()` does not compile it (its cache is not a compilable one); those are "
+        "left out of the count. On a failure or mismatch the same compiled generate runs "
+        "on the CPU with Inductor (`compile_config._compile_all_devices = True`) as the "
+        "control; its outcome follows the status.",
+        "",
+        *compiled_lines(results),
+        f"- architectures whose class declares `_can_compile_fullgraph`: "
+        f"{len(declared)}/{c['applies']}; of those, with graph breaks: "
+        f"{sum(1 for r in declared if r.compiled_breaks)}",
+        "",
+    ]
+    groups: dict[str, list[str]] = {}
+    for r in ran:
+        if r.compiled == "ok":
+            continue
+        key = r.compiled + (f" [{r.compiled_note}]" if r.compiled_note else "")
+        groups.setdefault(key, []).append(r.model_type)
+    lines += ["Not \"ok\", grouped by status (errors: stage and first line; "
+              "[the CPU Inductor control]):", ""]
+    lines += [f"- {_md(status)} ({len(names)}): {', '.join(names)}"
+              for status, names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))] \
+        or ["(none)"]
+    broken = [r for r in ran if r.compiled_applies and r.compiled_breaks]
+    lines += ["", "Graph breaks (architectures that compiled with breaks):", ""]
+    lines += [f"- {r.model_type} ({r.compiled_breaks} breaks, {r.compiled_graphs} graphs): "
+              + _md("; ".join(f"{why} (x{n})" for why, n in r.compiled_break_reasons.items()))
+              for r in broken] or ["(none)"]
+    return lines
 
 
 def _md(s: str) -> str:
@@ -1239,7 +1594,8 @@ def _emit(line: str) -> None:
     os.write(1, ("\n" + line + "\n").encode())  # fd 1: not affected by redirect_stdout
 
 
-def worker(dtype: torch.dtype, timeout: float, device: str) -> int:
+def worker(dtype: torch.dtype, timeout: float, device: str, compiled: bool = False,
+           compiled_only: bool = False) -> int:
     """The worker loop: one model type per stdin line, one result per model."""
     logging.getLogger("transformers").setLevel(logging.ERROR)
     import transformers  # noqa: F401  (imports outside the per-architecture limit)
@@ -1251,24 +1607,30 @@ def worker(dtype: torch.dtype, timeout: float, device: str) -> int:
         if not name:
             continue
         with _capture_output():
-            r = run_architecture(name, dtype=dtype, timeout=timeout, device=device,
-                                 progress=lambda st: _emit(f"@@STAGE {st}"))
+            r = run_architecture(
+                name, dtype=dtype, timeout=timeout, device=device,
+                progress=lambda st: _emit(f"@@STAGE {st}"), compiled=compiled,
+                compiled_only=compiled_only,
+                partial=lambda res: _emit("@@PARTIAL " + json.dumps(dataclasses.asdict(res))))
         _emit("@@RESULT " + json.dumps(dataclasses.asdict(r)))
     return 0
 
 
 class _Worker:
-    def __init__(self, dtype: torch.dtype, timeout: float, device: str):
+    def __init__(self, dtype: torch.dtype, timeout: float, device: str, compiled: bool = False,
+                 compiled_only: bool = False):
         import subprocess
         import tempfile
 
         self.stderr = tempfile.TemporaryFile()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        flags = ["--compiled-only"] if compiled_only else ["--compiled"] if compiled else []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torch_axon.compat", "--worker", "--dtype",
-             dtype_name(dtype), "--timeout", str(timeout), "--device", device],
+             dtype_name(dtype), "--timeout", str(timeout), "--device", device, *flags],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env)
         self.buf = b""
+        self.partial: ArchResult | None = None  # the current architecture's results so far
 
     def _readline(self, deadline: float) -> str | None:
         import select
@@ -1291,6 +1653,7 @@ class _Worker:
     def run(self, name: str, limit: float) -> tuple[ArchResult | None, str, str]:
         """(result or None, last stage, why None: "hung" or "crashed: ...")."""
         stage = "cpu:start"
+        self.partial = None
         try:
             self.proc.stdin.write((name + "\n").encode())
             self.proc.stdin.flush()
@@ -1305,6 +1668,8 @@ class _Worker:
                 return None, stage, "hung"
             if line.startswith("@@STAGE "):
                 stage = line[len("@@STAGE "):].strip()
+            elif line.startswith("@@PARTIAL "):
+                self.partial = ArchResult(**json.loads(line[len("@@PARTIAL "):]))
             elif line.startswith("@@RESULT "):
                 data = json.loads(line[len("@@RESULT "):])
                 return ArchResult(**data), stage, ""
@@ -1331,15 +1696,26 @@ class _Worker:
         self.stderr.close()
 
 
-def _lost_result(name: str, stage: str, why: str, limit: float) -> ArchResult:
+def _lost_result(name: str, stage: str, why: str, limit: float,
+                 partial: ArchResult | None = None, compiled: bool = False) -> ArchResult:
+    """The result of an architecture whose worker hung or died at stage; partial:
+    what it had reported before the compiled column."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    r = ArchResult(name, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(name, "?"), seconds=limit)
     where, _, st = stage.partition(":")
-    msg = (f"error({st}): hung, worker killed after {limit:g}s" if why == "hung"
+    msg = (f"error({st}): hung, worker killed after {limit:.0f}s" if why == "hung"
            else f"error({st}): worker {_md(why)}")
+    if where == "compiled" and partial is not None:
+        r = partial
+        r.compiled, r.seconds = msg, limit
+        return r
+    r = ArchResult(name, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(name, "?"), seconds=limit)
+    if compiled:
+        r.compiled = "skipped"
     if where == "cpu":
         r.cpu, r.axon = msg, "skipped"
+    elif where == "compiled":
+        r.compiled = msg
     else:
         r.cpu, r.axon = "ok", msg
     return r
@@ -1365,6 +1741,15 @@ def main(argv: list[str] | None = None) -> int:
     out.add_argument("--no-write", action="store_true", help="do not write the report")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                     help="per-architecture time limit in seconds (0: none)")
+    col = ap.add_mutually_exclusive_group()
+    col.add_argument("--compiled", action="store_true",
+                     help="also run the compiled column (static-cache generate, eager vs "
+                          "torch.compile backend='axon')")
+    col.add_argument("--compiled-only", action="store_true",
+                     help="run only the compiled column (no CPU reference checks)")
+    ap.add_argument("--compile-timeout", type=float, default=COMPILE_TIMEOUT,
+                    help="seconds added to --timeout for the compiled column "
+                         f"(default {COMPILE_TIMEOUT:g})")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="axon")
     ap.add_argument("--in-process", action="store_true",
@@ -1373,8 +1758,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     dtype = getattr(torch, args.dtype)
-    if args.worker:
-        return worker(dtype, args.timeout, args.device)
+    if args.worker:  # --timeout is the whole limit here
+        return worker(dtype, args.timeout, args.device, args.compiled, args.compiled_only)
+    compiled = args.compiled or args.compiled_only
+    # The limit of one architecture: the eager checks' plus compile time.
+    timeout = args.timeout
+    if args.compiled_only:
+        timeout = args.compile_timeout if args.timeout else 0
+    elif compiled and args.timeout:
+        timeout = args.timeout + args.compile_timeout
     names = all_model_types()
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -1389,30 +1781,40 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results = []
     width = max(len(n) for n in names) if names else 10
-    print(f"{len(names)} architectures, dtype {args.dtype}, timeout {args.timeout:g}s"
+    print(f"{len(names)} architectures, dtype {args.dtype}, timeout {timeout:g}s"
+          f"{', compiled column' if args.compiled else ''}"
+          f"{', compiled column only' if args.compiled_only else ''}"
           f"{', in process' if args.in_process else ''}", flush=True)
     pool = None
     try:
         for i, name in enumerate(names, 1):
             if args.in_process:
                 with _capture_output():
-                    r = run_architecture(name, dtype=dtype, timeout=args.timeout,
-                                         device=args.device)
+                    r = run_architecture(name, dtype=dtype, timeout=timeout,
+                                         device=args.device, compiled=args.compiled,
+                                         compiled_only=args.compiled_only)
             else:
                 if pool is None:
-                    pool = _Worker(dtype, args.timeout, args.device)
-                limit = (args.timeout or 3600) + HANG_GRACE
+                    pool = _Worker(dtype, timeout, args.device, args.compiled,
+                                   args.compiled_only)
+                limit = (timeout or 3600) + HANG_GRACE
                 t0 = time.perf_counter()
                 r, stage, why = pool.run(name, limit)
                 if r is None:
+                    partial = pool.partial
                     pool.close()
                     pool = None
-                    r = _lost_result(name, stage, why, time.perf_counter() - t0)
+                    r = _lost_result(name, stage, why, time.perf_counter() - t0, partial,
+                                     compiled)
             results.append(r)
             fb = len(r.fallback_fwd_bwd)
-            print(f"[{i:3d}/{len(names)}] {name:<{width}} cpu={_trim(r.cpu, 70)} "
-                  f"axon={_trim(r.axon, 70)} err={_fmt_err(r.logits_err)} fallback_ops={fb} "
-                  f"{r.seconds:.1f}s", flush=True)
+            line = f"[{i:3d}/{len(names)}] {name:<{width}} "
+            if not args.compiled_only:
+                line += (f"cpu={_trim(r.cpu, 70)} axon={_trim(r.axon, 70)} "
+                         f"err={_fmt_err(r.logits_err)} fallback_ops={fb} ")
+            if compiled:
+                line += f"compiled={_trim(_fmt_compiled(r), 90)} "
+            print(line + f"{r.seconds:.1f}s", flush=True)
     finally:
         if pool is not None:
             pool.close()
@@ -1424,7 +1826,9 @@ def main(argv: list[str] | None = None) -> int:
         given = argv if argv is not None else sys.argv[1:]
         command = " ".join(["python -m torch_axon.compat", *given])
         text = render_markdown(results, command=command, seconds=seconds,
-                               dtype=dtype, timeout=args.timeout)
+                               dtype=dtype, timeout=args.timeout,
+                               compile_timeout=args.compile_timeout if compiled else None,
+                               compiled_only=args.compiled_only)
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w") as f:
             f.write(text)

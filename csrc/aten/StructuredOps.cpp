@@ -424,19 +424,35 @@ bool small_linear(const at::Tensor& a, const at::Tensor& b) {
          (b.size(1) == 1 || b.stride(1) >= b.size(0));
 }
 
-at::Tensor launch_small_linear(const at::Tensor& a, const at::Tensor& b, const float* bias,
-                               const char* name) {
+void launch_small_linear_into(const at::Tensor& a, const at::Tensor& b, const float* bias,
+                              at::Tensor& out, const char* name) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  at::Tensor out = emptyDevice({m, n}, {n, 1}, at::kFloat, a.device().index());
   launch(a.device().index(), name,
          [=, ap = a.const_data_ptr<float>(), lda = a.stride(0), wp = b.const_data_ptr<float>(),
-          ldw = b.stride(1), op = out.data_ptr<float>()] {
-           ::axon::kernels::linear_small_m(m, n, k, ap, lda, wp, ldw, bias, op, n);
+          ldw = b.stride(1), op = out.data_ptr<float>(), ldo = out.stride(0)] {
+           ::axon::kernels::linear_small_m(m, n, k, ap, lda, wp, ldw, bias, op, ldo);
          },
          // Memory-bound: one thread reads the weight at ~31 GB/s here, and
          // leaves the other core to the host dispatching the next ops.
          /*threads=*/1);
+}
+
+at::Tensor launch_small_linear(const at::Tensor& a, const at::Tensor& b, const float* bias,
+                               const char* name) {
+  at::Tensor out = emptyDevice({a.size(0), b.size(1)}, {b.size(1), 1}, at::kFloat,
+                               a.device().index());
+  launch_small_linear_into(a, b, bias, out, name);
   return out;
+}
+
+// An out= result the small-M kernel can write as is: float rows of the right
+// shape, unit column stride, sharing no memory with the operands (otherwise
+// ATen's out= path: resize, overlap checks, MKL).
+bool small_linear_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
+  return out.scalar_type() == at::kFloat && out.device() == a.device() && out.dim() == 2 &&
+         out.size(0) == a.size(0) && out.size(1) == b.size(1) && out.stride(1) == 1 &&
+         (out.size(0) == 1 || out.stride(0) >= out.size(1)) && !out.is_alias_of(a) &&
+         !out.is_alias_of(b);
 }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
@@ -458,6 +474,29 @@ at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& 
                       &at::cpu::addmm_outf>::run(bias, a, b, beta, alpha);
   }
   return launch_small_linear(a, b, bias.const_data_ptr<float>(), AddmmName::value());
+}
+
+// out= forms (what torch.compile's generated code calls: extern_kernels.mm(a, b, out=buf)).
+at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (small_linear(a, b) && small_linear_out(a, b, out)) {
+    launch_small_linear_into(a, b, nullptr, out, MmName::value());
+    return out;
+  }
+  return Structured<at::meta::structured_mm, 1, MmName, &at::cpu::mm_outf>::run(a, b, out);
+}
+
+at::Tensor& addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
+                      const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
+  const bool plain = !beta.isComplex() && !alpha.isComplex() && beta.toDouble() == 1.0 &&
+                     alpha.toDouble() == 1.0;
+  if (plain && small_linear(a, b) && small_linear_out(a, b, out) && bias.dim() == 1 &&
+      bias.scalar_type() == at::kFloat && bias.device() == a.device() &&
+      bias.size(0) == b.size(1) && bias.stride(0) == 1 && !out.is_alias_of(bias)) {
+    launch_small_linear_into(a, b, bias.const_data_ptr<float>(), out, AddmmName::value());
+    return out;
+  }
+  return Structured<at::meta::structured_addmm, 1, AddmmName, &at::cpu::addmm_outf>::run(
+      bias, a, b, beta, alpha, out);
 }
 
 // OUT(schema, outputs, meta class suffix, at::cpu function): for an at::cpu
@@ -587,9 +626,9 @@ DimMinMax);
   OUT_SIG("min.dim_min", 2, min_dim, min_outf, DimMinMax);
   OUT("cumsum.out", 1, cumsum, cumsum_outf);
   // matmul
-  OUT("mm.out", 1, mm, mm_outf);
+  m.impl("mm.out", TORCH_FN(mm_out));
   OUT("bmm.out", 1, bmm, bmm_outf);
-  OUT("addmm.out", 1, addmm, addmm_outf);
+  m.impl("addmm.out", TORCH_FN(addmm_out));
   OUT("baddbmm.out", 1, baddbmm, baddbmm_outf);
   // softmax and losses
   OUT("_softmax.out", 1, _softmax, _softmax_outf);

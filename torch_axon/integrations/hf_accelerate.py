@@ -35,3 +35,29 @@ def partial_state_default_device(state) -> None:
     default_device._axon_patch = True
     default_device.__doc__ = original.__doc__
     cls.default_device = property(default_device)
+
+
+@on_import("accelerate.utils.dataclasses")
+def dynamo_backend_axon(dataclasses) -> None:
+    """Add ``AXON`` to ``accelerate.utils.dataclasses.DynamoBackend``.
+
+    ``TorchDynamoPlugin`` (which ``TrainingArguments(torch_compile_backend=...)``
+    and ``accelerate launch --dynamo_backend`` reach) converts the backend name
+    with ``DynamoBackend(name.upper())``, a closed enum of the backends
+    Accelerate knows (inductor, neuron, ...), so ``"axon"`` raised
+    ``ValueError: 'AXON' is not a valid DynamoBackend``.  The member added here
+    has the value ``"AXON"``; the plugin passes ``backend="axon"`` (its
+    lower-cased value) to ``torch.compile``, which finds torch_axon's backend.
+    """
+    enum_cls = dataclasses.DynamoBackend
+    if "AXON" in enum_cls.__members__:
+        return
+    member = str.__new__(enum_cls, "AXON")
+    member._name_ = "AXON"
+    member._value_ = "AXON"
+    member.__objclass__ = enum_cls
+    member.__init__("AXON")
+    type.__setattr__(enum_cls, "AXON", member)
+    enum_cls._member_map_["AXON"] = member
+    enum_cls._value2member_map_["AXON"] = member
+    enum_cls._member_names_.append("AXON")
