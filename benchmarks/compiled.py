@@ -452,8 +452,9 @@ def bench_compile_time(a) -> None:
     if len(rows) == 2:
         cold, warmv = float(rows[0][1]), float(rows[1][1])
         print(f"first compiled generate: cold {cold:.2f} s, warm {warmv:.2f} s ({cold / warmv:.1f}x faster "
-              f"warm); compile overhead = first - second generate; child process s includes python start, "
-              f"imports and model construction.")
+              f"warm); both include Dynamo's tracing and Inductor's one-time initialisation in a fresh process; "
+              f"compile overhead = first - second generate; child process s includes python start, imports "
+              f"and model construction.")
     print(flush=True)
 
 

@@ -1123,23 +1123,34 @@ def test_histc_bad_range_raises_at_the_call_like_cpu(lo, hi):
     cpu_and_axon_raise_alike(lambda a: torch.histc(a, bins=4, min=lo, max=hi), [torch.ones(3)])
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "bhld_from_blhd"])
+@pytest.mark.parametrize("layout", ["contiguous", "bhld_from_blhd", "fused_qkv_slices"])
 def test_sdpa_output_and_grad_strides_match_the_meta_kernel(layout):
     """Fake-tensor tracing (torch.compile) checks real strides against the Meta
-    kernel's: output like the query, gradients like their inputs."""
+    kernel's: output like the query (empty_like: dense in the query's dimension
+    order when the query is not dense), gradients like their inputs."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     def make_qkv():
         t = make((2, 5, 4, 8), torch.float32, seed=6)
         return t.transpose(1, 2) if layout == "bhld_from_blhd" else t.reshape(2, 4, 5, 8)
 
-    q, k, v = (make_qkv().axon() for _ in range(3))
+    if layout == "fused_qkv_slices":  # q, k, v: slices of one [B, L, 3 * H * D] projection
+        qkv = make((2, 5, 96), torch.float32, seed=6).axon()
+        q, k, v = (t.view(2, 5, 4, 8).transpose(1, 2) for t in qkv.split(32, -1))
+        assert not q.is_contiguous() and q.stride()[1] == 8  # heads interleaved with k, v
+    else:
+        q, k, v = (make_qkv().axon() for _ in range(3))
     op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable
     real = op(q, k, v, None, 0.0, True)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake = op(*(mode.from_tensor(t) for t in (q, k, v)), None, 0.0, True)
     assert real[0].stride() == fake[0].stride()
+    # Gradients as the backward op returns them (autograd.grad: no AccumulateGrad
+    # relayout), against the same under fake tensors.
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    op(*leaves, None, 0.0, True)[0].sum().backward()
-    for t in leaves:
-        assert t.grad.stride() == torch.empty_like(t).stride()
+    grads = torch.autograd.grad(op(*leaves, None, 0.0, True)[0].sum(), leaves)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_leaves = [mode.from_tensor(t).detach().requires_grad_() for t in (q, k, v)]
+        fake_grads = torch.autograd.grad(op(*fake_leaves, None, 0.0, True)[0].sum(), fake_leaves)
+    for g, f, t in zip(grads, fake_grads, (q, k, v)):
+        assert g.stride() == f.stride() == torch.empty_like(t).stride()

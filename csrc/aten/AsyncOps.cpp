@@ -24,6 +24,7 @@
 #include <unordered_set>
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/strides.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -78,9 +79,13 @@ at::Tensor emptyDevice(c10::IntArrayRef sizes, c10::ScalarType dtype,
 }
 
 at::Tensor emptyDeviceLike(const at::Tensor& t, c10::ScalarType dtype) {
+  // As at::empty_like(t) (preserve_format): t's strides when t is dense, else
+  // dense strides in t's dimension order (what Meta kernels, and so
+  // torch.compile's stride checks, expect).
   return t.is_non_overlapping_and_dense()
              ? emptyDevice(t.sizes(), t.strides(), dtype, t.device().index())
-             : emptyDevice(t.sizes(), dtype, t.device().index());
+             : emptyDevice(t.sizes(), at::infer_dense_strides(t.sizes(), t.strides()), dtype,
+                           t.device().index());
 }
 
 c10::DeviceIndex axonDevice(const char* op, const at::Tensor& t) {

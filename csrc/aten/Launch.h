@@ -31,7 +31,7 @@ at::Tensor emptyDevice(c10::IntArrayRef sizes, c10::IntArrayRef strides,
 at::Tensor emptyDevice(c10::IntArrayRef sizes, c10::ScalarType dtype,
                        c10::DeviceIndex device);  // contiguous
 // Laid out like t when t is dense (channels_last stays channels_last), else
-// contiguous: empty_like's preserve_format.
+// dense in t's dimension order: empty_like's preserve_format.
 at::Tensor emptyDeviceLike(const at::Tensor& t, c10::ScalarType dtype);
 
 // The axon device of an op's main tensor; PyTorch's same-device error if it

@@ -112,3 +112,31 @@ def generation_auto_compile(generation_utils) -> None:
 
     _valid_auto_compile_criteria._axon_patch = True
     cls._valid_auto_compile_criteria = _valid_auto_compile_criteria
+
+
+@on_import("transformers.integrations.sdpa_attention")
+def sdpa_gqa_when_compiling(sdpa_attention) -> None:
+    """Patch ``transformers.integrations.sdpa_attention.use_gqa_in_sdpa``.
+
+    It lets ``scaled_dot_product_attention`` handle grouped-query attention
+    (``enable_gqa=True``) only on xpu and mps, or on CUDA without a mask.
+    Otherwise eager decoding packs the query heads onto the key/value heads
+    (``pack_gqa``), but under torch.compile Transformers falls back to
+    ``repeat_kv``, which copies the whole static KV cache n_rep times per layer
+    and decoding step.  axon's attention kernel takes grouped key/value heads
+    with or without a mask, so while compiling for axon the wrapper answers
+    True; eager code keeps upstream's choice.
+    """
+    original = sdpa_attention.use_gqa_in_sdpa
+    if getattr(original, "_axon_patch", False):
+        return
+
+    @functools.wraps(original)
+    def use_gqa_in_sdpa(attention_mask, key, value) -> bool:
+        if key.device.type == "axon" and key.shape[-1] == value.shape[-1] and \
+                torch.compiler.is_compiling():
+            return True
+        return original(attention_mask, key, value)
+
+    use_gqa_in_sdpa._axon_patch = True
+    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
