@@ -1,9 +1,10 @@
 """Dynamo's view of the axon device (torch._dynamo.device_interface).
 
 Dynamo and Inductor reach devices through a DeviceInterface: the current
-device, streams and events (so ``torch.axon.stream(s)`` and events can be
-traced), synchronisation, and the device properties that size Inductor's
-reduction heuristics.  Registered when ``torch._dynamo.device_interface`` is
+device, streams and events (Dynamo recognises axon stream and event objects
+by it), synchronisation, and the device properties that size Inductor's
+reduction heuristics.  (``with torch.axon.stream(s):`` inside a compiled
+function is not traced: the graph breaks there and that region runs eagerly.)  Registered when ``torch._dynamo.device_interface`` is
 first imported (see torch_axon.integrations.torch_compile): importing Dynamo
 costs ~1 s, too much to do whenever torch loads.
 """
