@@ -254,6 +254,97 @@ def test_zero_size_inputs(dtype):
     assert (out[1].cpu() == 0).all() and (out[5].cpu() == 0).all()
 
 
+# ---------------------------------------------------------------- sweep regressions
+# Found by compiling PyTorch's OpInfo samples on axon (compiled vs eager).
+
+def test_python_number_arguments_are_read_at_the_call():
+    """A Python float that changes between calls reaches the kernel as a 0-d CPU
+    tensor: the queued kernel must read the value of its own call, even when the
+    stream runs late and the CPU tensor has been freed and its memory reused."""
+    cf = torch.compile(lambda x, a: x * a + 1, backend="axon")
+    x = tensor((1 << 16,), torch.float32, "axon", 30)
+    results = []
+    for i in range(6):
+        a = 0.25 + i
+        sleep_on_stream(torch.axon.current_device(), 20)  # the kernel runs after the loop body
+        results.append((a, cf(x, a)))
+        _ = [torch.tensor(float(-j)) for j in range(50)]  # reuse freed host memory
+    torch.axon.synchronize()
+    for a, y in results:
+        assert_same(y, x.cpu() * a + 1)
+    assert counters["stats"]["unique_graphs"] <= 2  # specialised once, then dynamic
+
+
+@pytest.mark.parametrize("view", ["t", "permute", "t_sliced"])
+@pytest.mark.parametrize("op", [torch.argmax, torch.argmin])
+def test_arg_reductions_over_all_dims_of_non_contiguous_input(op, view):
+    """argmax/argmin of a non-contiguous tensor: the index in logical order, not
+    memory order (Inductor's C++ backend computes it; the generic path did not)."""
+    views = {"t": lambda t: t.t(), "permute": lambda t: t.permute(1, 0),
+             "t_sliced": lambda t: t.t()[:, :10]}
+    check_compiled(lambda x: op(x), lambda dev: [tensor((40, 30), torch.float32, dev, 31,
+                                                        views[view])])
+
+
+def test_rng_state_saved_and_restored_around_compiled_code():
+    """torch.axon.get/set_rng_state inside a compiled function (as
+    torch.testing's freeze_rng_state does, under no_dispatch) run eagerly."""
+    from torch.utils._mode_utils import no_dispatch
+
+    def f(x):
+        with no_dispatch():
+            state = torch.axon.get_rng_state()
+        y = F.dropout(x, 0.5) * 2
+        with no_dispatch():
+            torch.axon.set_rng_state(state)
+        return y
+
+    x = torch.ones(256, device="axon")
+    torch.manual_seed(5)
+    eager = f(x).cpu()
+    torch.manual_seed(5)
+    compiled = torch.compile(f, backend="axon")(x).cpu()
+    assert ((compiled == 0) | (compiled == 4)).all()
+    assert 0 < (eager == 0).sum() < 256 and 0 < (compiled == 0).sum() < 256
+
+
+def test_rms_norm_with_dynamic_shapes():
+    def f(x, w):
+        return F.rms_norm(x, (x.shape[-2], x.shape[-1]), w) * 2
+
+    cf = torch.compile(f, backend="axon", dynamic=True)
+    for n in (3, 5):
+        x, w = make((n, 2, 3), torch.float32, seed=n), make((2, 3), torch.float32, seed=9)
+        assert_same(cf(x.axon(), w.axon()), f(x, w), accum=True)
+
+
+def test_batched_then_unbatched_convolution_with_bias():
+    """A batched then an unbatched input (the second call compiles again, with
+    dynamic sizes): the bias stays in the convolution call as on the CPU."""
+    def conv(x, w, b):
+        return F.conv2d(x, w, b, stride=(2, 2), padding=2)
+
+    cf = torch.compile(conv, backend="axon")
+    w, b = make((3, 3, 3, 3), torch.float32, seed=37), make((3,), torch.float32, seed=38)
+    for shape in ((1, 3, 4, 4), (3, 4, 4)):
+        x = make(shape, torch.float32, seed=len(shape))
+        assert_same(cf(x.axon(), w.axon(), b.axon()), conv(x, w, b), accum=True)
+
+
+def test_batch_norm_eval_statistics_shapes_match_eager():
+    """Eval-mode native_batch_norm returns empty saved statistics on axon (its
+    kernel is the CPU's); the decomposition torch.compile traces agrees."""
+    def f(x, w, b, rm, rv):
+        return torch.native_batch_norm(x, w, b, rm, rv, False, 0.1, 1e-5)
+
+    def args(dev):
+        return [tensor((3, 2, 4), torch.float32, dev, 32), tensor((2,), torch.float32, dev, 33),
+                tensor((2,), torch.float32, dev, 34), tensor((2,), torch.float32, dev, 35),
+                tensor((2,), torch.float32, dev, 36, low=0.5, high=2.0)]
+    _, out = check_compiled(f, args, accum=True)
+    assert [tuple(o.shape) for o in out] == [(3, 2, 4), (0,), (0,)]
+
+
 # ---------------------------------------------------------------- random ops
 
 def random_ops(x):

@@ -207,15 +207,17 @@ double default_eps(c10::ScalarType t) {
 // has a derivative) whenever our kernel takes the inputs, as on CUDA.
 at::Tensor rms_norm_autograd(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                              const std::optional<at::Tensor>& weight, std::optional<double> eps) {
-  const bool fused = kernel_dtype(input.scalar_type()).has_value() &&
+  // Symbolic sizes (torch.compile with dynamic shapes traces with fake
+  // tensors): the composite, which Inductor fuses anyway.
+  const auto shape = c10::asIntArrayRefSlowOpt(normalized_shape);
+  const bool fused = shape.has_value() && kernel_dtype(input.scalar_type()).has_value() &&
                      (!weight.has_value() || !weight->defined() ||
                       weight->scalar_type() == input.scalar_type());
   if (!fused) {  // ATen's composite (its kernel for the PrivateUse1 key), with autograd
     return at::_ops::rms_norm::redispatch(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                           input, normalized_shape, weight, eps);
   }
-  return std::get<0>(at::_fused_rms_norm(input, C10_AS_INTARRAYREF_SLOW(normalized_shape),
-                                         weight, eps));
+  return std::get<0>(at::_fused_rms_norm(input, *shape, weight, eps));
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input,

@@ -21,10 +21,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import pathlib
+import types
 from textwrap import dedent
 from typing import Any
 
 import torch
+from torch._inductor import ir as _ir
 from torch._inductor import scheduler as _scheduler
 from torch._inductor.codegen.common import (DeviceOpOverrides, register_backend_for_device,
                                             register_device_op_overrides)
@@ -70,7 +72,11 @@ class _AxonWrapperMixin:
         if device.type == "axon" and not triton:
             # The binding enqueues the kernel on the current stream of this
             # device (the wrapper emits no device guards for non-GPU devices).
-            self.writeline(self.wrap_kernel_call(kernel_name, [str(_index(device)), *call_args]))
+            # CPU tensors among the arguments (Inductor passes 0-d CPU tensors
+            # to C++ kernels by pointer) are first copied to axon memory.
+            index = _index(device)
+            args = [f"axon_kernel_arg({a}, {index})" if _on_cpu(a) else a for a in call_args]
+            self.writeline(self.wrap_kernel_call(kernel_name, [str(index), *args]))
             return
         return super()._generate_kernel_call_helper(
             kernel_name, call_args, device=device, triton=triton, **kwargs)
@@ -91,6 +97,17 @@ class _AxonWrapperMixin:
         return out
 
 
+def _on_cpu(arg: Any) -> bool:
+    """Whether a kernel call argument names a CPU tensor."""
+    if not isinstance(arg, str):
+        return False
+    if V.graph.is_unspec_arg(arg):
+        return True
+    buf = V.graph.try_get_buffer(arg)
+    device = buf.get_device() if buf is not None else None
+    return device is not None and device.type == "cpu"
+
+
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.axon.current_device()
 
@@ -109,7 +126,8 @@ class AxonWrapperCodegen(_AxonWrapperMixin, PythonWrapperCodegen):
     def write_header(self) -> None:
         super().write_header()
         self.imports.writeline(
-            "from torch_axon.compiler.runtime import axon_async_compile, empty_strided_axon")
+            "from torch_axon.compiler.runtime import axon_async_compile, axon_kernel_arg, "
+            "empty_strided_axon")
 
 
 class AxonSubgraphWrapperCodegen(_AxonWrapperMixin, SubgraphPythonWrapperCodegen):
@@ -140,7 +158,9 @@ class AxonCachePass(CustomGraphModulePass):
     """No transformation: puts the axon backend's code into Inductor's cache keys.
 
     Inductor hashes the device's custom pass into its FX-graph cache key, so
-    a cached graph compiled by another version of this code is not reused.
+    a cached graph compiled by another version of this code (the compiler
+    package and the Inductor patches in integrations/torch_compile.py) is
+    not reused.
     """
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
@@ -153,7 +173,9 @@ class AxonCachePass(CustomGraphModulePass):
 @functools.cache
 def _source_hash() -> str:
     h = hashlib.sha256(torch_axon.__version__.encode())
-    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
+    package = pathlib.Path(__file__).parent.parent
+    for path in [*sorted(pathlib.Path(__file__).parent.glob("*.py")),
+                 package / "integrations" / "torch_compile.py"]:  # its decomposition patch
         h.update(path.read_bytes())
     return h.hexdigest()
 
@@ -201,6 +223,45 @@ def _patch_get_current_backend() -> None:
             module.get_current_backend = get_current_backend
 
 
+class _CpuLikeIr(types.ModuleType):
+    """``torch._inductor.ir`` as seen by code that should treat axon as "cpu".
+
+    The same module contents, except that ``get_device_type`` answers "cpu"
+    for axon nodes.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("torch._inductor.ir (axon as cpu)")
+        self.__dict__.update({k: v for k, v in vars(_ir).items() if not k.startswith("__")})
+
+        def get_device_type(x: Any) -> str | None:
+            device_type = _ir.get_device_type(x)
+            return "cpu" if device_type == "axon" else device_type
+
+        self.get_device_type = get_device_type
+
+    def __getattr__(self, name: str) -> Any:  # anything added to ir later
+        return getattr(_ir, name)
+
+
+def _patch_lowerings_device_type() -> None:
+    """Where lowerings choose C++-backend code by ``ir.get_device_type(x) == "cpu"``.
+
+    * ``lowering._make_reduction_inner``: argmax/argmin over several
+      dimensions compute the logical index (C++ backend) rather than a
+      position in memory order (wrong on non-contiguous inputs).
+    * ``kernel.conv``: the bias stays in the convolution call (CPU) instead
+      of a separate add (a cuDNN heuristic whose shape arithmetic fails for
+      unbatched inputs under dynamic shapes).
+    """
+    import torch._inductor.kernel.conv as conv
+    import torch._inductor.lowering as lowering
+
+    for module in (lowering, conv):
+        if not isinstance(module.ir, _CpuLikeIr):
+            module.ir = _CpuLikeIr()
+
+
 _registered = False
 
 
@@ -217,6 +278,7 @@ def register() -> None:
     register_interface_for_device("axon", AxonInterface)
     _patch_scheduler_is_cpu()
     _patch_get_current_backend()
+    _patch_lowerings_device_type()
     register_device_op_overrides("axon", AxonDeviceOpOverrides())
     register_backend_for_device("axon", AxonScheduling, AxonWrapperCodegen,
                                 device_custom_pass=AxonCachePass())

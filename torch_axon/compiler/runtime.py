@@ -22,10 +22,14 @@ from torch.utils._ordered_set import OrderedSet
 
 from .. import _C
 
-__all__ = ["AxonKernelBindings", "axon_async_compile", "empty_strided_axon"]
+__all__ = ["AxonKernelBindings", "axon_async_compile", "axon_kernel_arg", "empty_strided_axon"]
 
 # empty_strided_axon(size, stride, dtype, device_index): the wrapper's buffers.
 empty_strided_axon = _C._empty_strided_axon
+# axon_kernel_arg(cpu_tensor, device_index): a CPU tensor a queued kernel reads
+# (a Python number Dynamo passes as a 0-d CPU tensor, a CPU scalar), copied to
+# axon memory by stream work: the CPU tensor may be gone when the kernel runs.
+axon_kernel_arg = _C._kernel_arg_to_axon
 
 _PREAMBLE = r"""
 #include <tuple>

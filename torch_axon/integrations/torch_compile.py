@@ -6,6 +6,8 @@ them: the hooks below run when PyTorch itself loads them.
 
 from __future__ import annotations
 
+import functools
+
 from ._hooks import on_import
 
 
@@ -34,3 +36,49 @@ def inductor_scheduling() -> None:
     from ..compiler import register
 
     register()
+
+
+@on_import("torch._dynamo.trace_rules")
+def dynamo_skip_rng_state(trace_rules) -> None:
+    """Have Dynamo call torch.axon's RNG functions instead of tracing them.
+
+    ``torch._dynamo.trace_rules`` marks ``torch.cuda.random``'s
+    ``get_rng_state``/``set_rng_state``/``manual_seed``... as functions to run,
+    not trace.  torch.axon's are Python that Dynamo would otherwise step into,
+    and fail on (``torch.testing``'s ``freeze_rng_state``, used around compiled
+    code, calls them under ``no_dispatch()``).  ``trace_rules.add`` puts the
+    module in Dynamo's skip list: calls into it run eagerly, as a graph break.
+    """
+    trace_rules.add("torch_axon.axon.random")
+
+
+@on_import("torch._decomp.decompositions")
+def batch_norm_statistics_like_cpu(decompositions) -> None:
+    """Patch ``torch._decomp.decompositions.native_batch_norm_helper``.
+
+    The batch-norm decompositions (and so the fake/meta results torch.compile
+    traces with) give the saved statistics CUDA's shapes on every device but
+    "cpu": in eval mode ``save_mean``/``save_rstd`` are the running statistics
+    rather than empty tensors.  axon's batch norm is the CPU kernel, which
+    returns empty tensors in eval mode and statistics in the input's dtype; the
+    wrapper makes the decomposition say the same for axon inputs.
+    """
+    original = decompositions.native_batch_norm_helper
+    if getattr(original, "_axon_patch", False):
+        return
+
+    @functools.wraps(original)
+    def native_batch_norm_helper(input, weight, bias, running_mean, running_var, training,
+                                 momentum, eps, functional):
+        out = original(input, weight, bias, running_mean, running_var, training, momentum,
+                       eps, functional)
+        if input.device.type != "axon":
+            return out
+        output, save_mean, save_rstd, new_mean, new_var = out
+        if not training:
+            save_mean, save_rstd = input.new_zeros((0,)), input.new_zeros((0,))
+        return (output, save_mean.to(dtype=input.dtype), save_rstd.to(dtype=input.dtype),
+                new_mean, new_var)
+
+    native_batch_norm_helper._axon_patch = True
+    decompositions.native_batch_norm_helper = native_batch_norm_helper
