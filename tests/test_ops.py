@@ -541,8 +541,12 @@ def test_embedding(dtype):
     F.embedding(idx, wc, max_norm=1.0)
     F.embedding(idx.axon(), wa, max_norm=1.0)
     assert_same(wa, wc)
-    bag_c = F.embedding_bag(idx, w.float(), mode="mean")
-    assert_same(F.embedding_bag(idx.axon(), w.float().axon(), mode="mean"), bag_c)
+    for mode in ("mean", "sum", "max"):
+        bag_c = F.embedding_bag(idx, w.float(), mode=mode)
+        assert_same(F.embedding_bag(idx.axon(), w.float().axon(), mode=mode), bag_c)
+    flat, offsets = idx.flatten(), torch.tensor([0, 2, 2])  # with an empty bag
+    assert_same(F.embedding_bag(flat.axon(), w.float().axon(), offsets.axon(), mode="sum"),
+                F.embedding_bag(flat, w.float(), offsets, mode="sum"))
 
 
 def _spd(a):
