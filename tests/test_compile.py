@@ -345,6 +345,26 @@ def test_batch_norm_eval_statistics_shapes_match_eager():
     assert [tuple(o.shape) for o in out] == [(3, 2, 4), (0,), (0,)]
 
 
+def test_control_flow_subgraphs():
+    """torch.cond / while_loop: their subgraphs get axon's wrapper too (kernels
+    launched on the stream, buffers from the axon allocator)."""
+    def branches(x, p):
+        return torch.cond(p, lambda x: (x * 2).sin(), lambda x: (x + 1).cos(), (x,)) + 1
+
+    for flag in (True, False):
+        check_compiled(branches, lambda dev: [tensor((16,), torch.float32, dev, 40),
+                                              torch.tensor(flag, device=dev)])
+        torch._dynamo.reset()
+
+    def loop(x):
+        def body(i, x):
+            return i + 1, x * 1.5
+        return torch._higher_order_ops.while_loop(
+            lambda i, x: i < 3, body, (torch.zeros((), dtype=torch.int64, device=x.device), x))[1]
+
+    check_compiled(loop, lambda dev: [tensor((16,), torch.float32, dev, 41)])
+
+
 # ---------------------------------------------------------------- random ops
 
 def random_ops(x):
