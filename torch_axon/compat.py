@@ -2,8 +2,10 @@
 on the CPU and on axon.
 
     python -m torch_axon.compat [--only a,b,c] [--limit N] [--timeout S]
+                                [--compiled | --compiled-only] [--compile-timeout S]
                                 [--output docs/COMPATIBILITY.md | --no-write]
                                 [--dtype float32] [--in-process]
+                                [--save-results JSON] [--from-results JSON]
 
 For each ``model_type`` in ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` it builds a tiny,
 randomly initialised model (no download), runs the same work on the CPU and on
@@ -22,10 +24,19 @@ axon and compares:
    differing step are checked: if both tokens' scores are within the tolerance
    (a tie up to rounding) the run counts as equal and is marked "tie".
 
-An architecture "works on CPU" when all three run on the CPU; it "works on axon"
-when they also run on axon and match. The model is built once on the CPU from a
-fixed seed; axon gets a deep copy (``.to("axon")``) taken before anything runs,
-so both devices start from identical weights. Inputs come from a seeded CPU
+4. (opt-in, ``--compiled``) the compiled column, on axon only: the same greedy
+   ``generate()`` (prompt and keyword arguments as in 3) with
+   ``cache_implementation="static"``, once eagerly (``disable_compile=True``)
+   and once with ``compile_config=CompileConfig(backend="axon",
+   fullgraph=False, dynamic=False)``: Transformers runs the prefill eagerly
+   and compiles the decoding step. The tokens must be identical (the tie rule
+   of 3, on the eager run's scores). See "The compiled column" below.
+
+An architecture "works on CPU" when checks 1-3 run on the CPU; it "works on axon"
+when they also run on axon and match (the compiled column does not enter it).
+The model is built once on the CPU from a fixed seed; axon gets a deep copy
+(``.to("axon")``) taken before anything runs, so both devices start from
+identical weights (the compiled column reuses that copy after check 3). Inputs come from a seeded CPU
 generator and avoid every special token id. ``torch.axon.fallback_stats()`` is
 reset after the copy and read after the backward pass (the ops that ran through
 the CPU fallback in forward + backward) and again around ``generate()``.
@@ -36,9 +47,63 @@ cannot be interrupted by a signal, so by default the architectures run in a
 worker process (``python -m torch_axon.compat --worker``) that reports each stage
 as it starts; a worker that does not answer within the limit plus
 ``HANG_GRACE`` seconds, or dies, is killed and replaced, and the architecture is
-reported as hung / crashed at the stage it had reached. ``--in-process`` runs
-everything in the calling process instead. The exit code is 0 unless the
-harness itself fails.
+reported as hung / crashed at the stage it had reached (a worker lost during
+the compiled column keeps the results of checks 1-3: it reports them before
+the column starts). ``--in-process`` runs everything in the calling process
+instead. The exit code is 0 unless the harness itself fails.
+``--save-results`` writes the raw results as JSON; ``--from-results`` renders
+the report from such a file without running anything.
+
+The compiled column
+-------------------
+``--compiled`` adds it to checks 1-3 (it costs a compilation per
+architecture: ~5-40 s each on 2 cores, less with Inductor's on-disk caches
+warm); ``--compiled-only`` runs only the column (model and inputs built as
+usual, no CPU reference checks; with ``--only a,b`` for a quick look). The
+per-architecture limit becomes ``--timeout`` + ``--compile-timeout`` (default
+``COMPILE_TIMEOUT`` seconds; ``--compiled-only``: ``--compile-timeout``).
+Before each architecture ``torch._dynamo.reset()``; the Dynamo counters are
+cleared just before the compiled ``generate()``. Recorded per architecture:
+
+- status: "ok" (tokens identical, or a tie), "mismatch", "error(stage): msg"
+  (stages: static-eager = the eager static-cache run failed on axon while it
+  runs on the CPU, compile = the compiled run failed), "n/a: reason" or
+  "skipped" (not run: the CPU checks failed, the model is not standalone, or
+  the time limit ran out before the column);
+- graphs: ``counters["stats"]["unique_graphs"]`` (1 for a decoding step that
+  compiles once; more when Dynamo recompiles, e.g. on Python-int state of
+  sliding-window caches), graph breaks: ``sum(counters["graph_break"].values())``
+  (and their reasons), seconds of the compiled ``generate()`` (compile
+  included);
+- whether the model class declares ``_can_compile_fullgraph`` (informative:
+  the column runs every model with ``fullgraph=False``, as Transformers would
+  on axon, declared or not).
+
+"n/a" means the model cannot use a static cache, decided by running rather
+than by class attributes (``_can_compile_fullgraph`` is only a claim about
+graph breaks; Transformers 5 has no ``_supports_static_cache``): the eager
+static-cache ``generate()`` fails on axon *and* on the CPU (a model
+limitation; if it fails on axon only, that is "error(static-eager)"), or
+``generate()`` compiled nothing (0 graphs): the model keeps its own cache and
+ignores ``cache_implementation`` (``_supports_default_dynamic_cache()``
+False), its cache is not a compilable one, or Transformers skips it
+(``get_compiled_call`` returns the eager call for llama4). "n/a" models are
+left out of the summary "N/M compile with tokens equal to eager; X with no
+graph breaks" (M: ok + mismatch + error; X: ok with 0 breaks).
+
+Also recorded: whether Dynamo hit its recompile limit
+(``torch._dynamo.config.recompile_limit``, "Dynamo recompile limit exceeded"
+in ``counters["unimplemented"]``): the decoding step recompiled every step
+(shapes or Python-int cache state that change, e.g. a model that ignores the
+cache and reruns the whole sequence, or sliding-window cache layers) and the
+later steps ran eagerly.
+
+On "mismatch", "error(compile)", graph breaks or the recompile limit, the same
+compiled ``generate()`` runs on the CPU with Inductor
+(``compile_config._compile_all_devices = True``) against the CPU's eager
+static-cache run: the control that tells an axon problem from a Transformers /
+Dynamo limitation. Its outcome is the note ("CPU Inductor: ok / mismatch
+(graphs, breaks) / error: msg").
 
 How the tiny config is made (``tiny_config``)
 ---------------------------------------------
@@ -328,6 +393,7 @@ class ArchResult:
     compiled_breaks: int | None = None
     compiled_seconds: float | None = None
     compiled_break_reasons: dict = dataclasses.field(default_factory=dict)  # reason -> count
+    compiled_recompile_limit: bool = False  # Dynamo gave up recompiling: later steps eager
     fullgraph_declared: bool | None = None  # the model's _can_compile_fullgraph
 
     @property
@@ -916,15 +982,33 @@ def _dynamo_counts() -> tuple[int, int]:
 
 
 def _break_reasons() -> dict:
-    """Graph-break reasons (first line, shortened) -> count, since counters.clear()."""
+    """Graph-break reasons -> count, since counters.clear(). A reason is the
+    first line of Dynamo's message plus its debug context (the op) or, failing
+    that, the first source location it names."""
+    import re
+
     from torch._dynamo.utils import counters
 
     out: dict[str, int] = {}
     for reason, n in counters["graph_break"].items():
-        first = next((ln.strip() for ln in str(reason).splitlines() if ln.strip()), "?")
+        text = str(reason)
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "?")
+        ctx = re.search(r"Developer debug context: *(\S[^\n]*)", text)
+        loc = re.search(r'File "[^"]*?(?:site-packages/)?([^"]+)", line (\d+), in (\w+)', text)
+        if ctx:
+            first += f": {ctx.group(1).strip()}"
+        elif loc:
+            first += f": {loc.group(1)}:{loc.group(2)} ({loc.group(3)})"
         key = _trim(first, 150)
         out[key] = out.get(key, 0) + int(n)
     return out
+
+
+def _hit_recompile_limit() -> bool:
+    """Dynamo stopped recompiling a frame (recompile_limit) since counters.clear()."""
+    from torch._dynamo.utils import counters
+
+    return any("recompile limit" in str(k) for k in counters["unimplemented"])
 
 
 def _dynamo_reset() -> None:
@@ -949,11 +1033,13 @@ def _cpu_inductor_control(model_cpu, inputs_cpu, tol: float) -> str:
         return f"CPU Inductor: error: {_short(e, 120)}"
     finally:
         graphs, breaks = _dynamo_counts()
+        limit = ", recompile limit" if _hit_recompile_limit() else ""
         _dynamo_reset()
+    counts = f"({graphs} graphs, {breaks} breaks{limit})"
     if seq_c.shape == seq_e.shape and (torch.equal(seq_c, seq_e) or _tokens_tie(
             seq_e, seq_c, scores_e, inputs_cpu["generate"]["input_ids"].shape[1], tol)):
-        return f"CPU Inductor: ok ({graphs} graphs, {breaks} breaks)"
-    return f"CPU Inductor: mismatch ({graphs} graphs, {breaks} breaks)"
+        return f"CPU Inductor: ok {counts}"
+    return f"CPU Inductor: mismatch {counts}"
 
 
 def run_compiled(r: ArchResult, model_dev, inputs_dev, model_cpu, inputs_cpu, *, tol: float,
@@ -1004,11 +1090,16 @@ def run_compiled(r: ArchResult, model_dev, inputs_dev, model_cpu, inputs_cpu, *,
             r.compiled_seconds = time.perf_counter() - t0
             r.compiled_graphs, r.compiled_breaks = _dynamo_counts()
             r.compiled_break_reasons = _break_reasons()
+            r.compiled_recompile_limit = _hit_recompile_limit()
             _dynamo_reset()
         if error is None and r.compiled_graphs == 0:
             # generate ran the decoding step eagerly: nothing was compiled.
             if not model_dev._supports_default_dynamic_cache():
                 why = f"the model keeps its own cache ({cache}); cache_implementation is ignored"
+            elif cache == "no cache" and False in (
+                    getattr(model_dev.generation_config, "use_cache", None),
+                    getattr(model_dev.config.get_text_config(), "use_cache", None)):
+                why = "the config sets use_cache=False: generate keeps no cache"
             elif cache != "StaticCache":
                 why = f"generate used {cache}, not a compilable cache"
             elif "llama4" in str(getattr(model_dev.config, "model_type", "")):
@@ -1021,18 +1112,18 @@ def run_compiled(r: ArchResult, model_dev, inputs_dev, model_cpu, inputs_cpu, *,
             prompt_len = inputs_dev["generate"]["input_ids"].shape[1]
             if seq_c.shape == seq_e.shape and torch.equal(seq_c, seq_e):
                 r.compiled = "ok"
+            else:
+                tie = seq_c.shape == seq_e.shape and _tokens_tie(seq_e, seq_c, scores_e,
+                                                                 prompt_len, tol)
+                r.compiled, r.compiled_note = ("ok", tie) if tie else ("mismatch", "")
+            if r.compiled == "ok" and not r.compiled_breaks and not r.compiled_recompile_limit:
                 return
-            tie = seq_c.shape == seq_e.shape and _tokens_tie(seq_e, seq_c, scores_e, prompt_len,
-                                                             tol)
-            if tie:
-                r.compiled, r.compiled_note = "ok", tie
-                return
-            r.compiled = "mismatch"
         else:
             r.compiled = f"error(compile): {_short(error)}"
         stage = "cpu-inductor"
         at(stage, "compiled")
-        r.compiled_note = _cpu_inductor_control(model_cpu, inputs_cpu, tol)
+        control = _cpu_inductor_control(model_cpu, inputs_cpu, tol)
+        r.compiled_note = f"{r.compiled_note}; {control}" if r.compiled_note else control
     except Exception as e:  # noqa: BLE001  (_Timeout, or an error that wraps it)
         if not _is_timeout(e):
             raise
@@ -1325,6 +1416,7 @@ def compiled_totals(results: list[ArchResult]) -> dict:
     ok = [r for r in applies if r.compiled == "ok"]
     return dict(ran=len(ran), applies=len(applies), ok=len(ok),
                 no_breaks=sum(1 for r in ok if r.compiled_breaks == 0),
+                recompile_limit=sum(1 for r in applies if r.compiled_recompile_limit),
                 na=sum(1 for r in ran if r.compiled.startswith("n/a")),
                 skipped=sum(1 for r in ran if r.compiled == "skipped"),
                 mismatch=sum(1 for r in applies if r.compiled == "mismatch"),
@@ -1337,7 +1429,8 @@ def compiled_lines(results: list[ArchResult]) -> list[str]:
     if not c["ran"]:
         return []
     line = (f"- compiled generate (static cache, `backend=\"axon\"`): {c['ok']}/{c['applies']} "
-            f"compile with tokens equal to eager; {c['no_breaks']} with no graph breaks "
+            f"compile with tokens equal to eager; {c['no_breaks']} with no graph breaks; "
+            f"{c['recompile_limit']} reach Dynamo's recompile limit "
             f"({c['mismatch']} mismatch, {c['error']} error; {c['na']} n/a: cannot use "
             f"a static cache or not compiled by generate")
     if c["skipped"]:
@@ -1379,7 +1472,8 @@ def _fmt_compiled(r: ArchResult) -> str:
     if r.compiled_graphs is not None and r.compiled_applies:
         text += (f" ({r.compiled_graphs} graph{'s' if r.compiled_graphs != 1 else ''}, "
                  f"{r.compiled_breaks} break{'s' if r.compiled_breaks != 1 else ''}, "
-                 f"{r.compiled_seconds:.1f} s)")
+                 f"{r.compiled_seconds:.1f} s"
+                 f"{', recompile limit' if r.compiled_recompile_limit else ''})")
     if r.compiled_note:
         text += f"; {r.compiled_note}"
     return text
@@ -1542,9 +1636,12 @@ def compiled_section(results: list[ArchResult]) -> list[str]:
         "compilation (Inductor's on-disk caches as they were). \"n/a\": the model "
         "cannot use a static cache (the static-cache eager run fails on the CPU too) or "
         "`generate()` does not compile it (its cache is not a compilable one); those are "
-        "left out of the count. On a failure or mismatch the same compiled generate runs "
+        "left out of the count. \"recompile limit\": Dynamo recompiled the decoding step "
+        "until `torch._dynamo.config.recompile_limit` (8) and ran the later steps eagerly "
+        "(shapes or Python-int cache state that change every step). On a failure, a "
+        "mismatch, graph breaks or the recompile limit the same compiled generate runs "
         "on the CPU with Inductor (`compile_config._compile_all_devices = True`) as the "
-        "control; its outcome follows the status.",
+        "control: its outcome follows the status (\"CPU Inductor: ...\").",
         "",
         *compiled_lines(results),
         f"- architectures whose class declares `_can_compile_fullgraph`: "
@@ -1564,10 +1661,23 @@ def compiled_section(results: list[ArchResult]) -> list[str]:
               for status, names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))] \
         or ["(none)"]
     broken = [r for r in ran if r.compiled_applies and r.compiled_breaks]
-    lines += ["", "Graph breaks (architectures that compiled with breaks):", ""]
+    lines += ["", "Graph breaks (architectures that compiled with breaks; reasons; "
+              "[the CPU Inductor control]):", ""]
     lines += [f"- {r.model_type} ({r.compiled_breaks} breaks, {r.compiled_graphs} graphs): "
               + _md("; ".join(f"{why} (x{n})" for why, n in r.compiled_break_reasons.items()))
+              + (f" [{_md(r.compiled_note)}]" if r.compiled_note else "")
               for r in broken] or ["(none)"]
+    limited: dict[str, list[str]] = {}
+    for r in ran:
+        if r.compiled_applies and r.compiled_recompile_limit:
+            key = (f"{r.compiled_graphs} graphs, {r.compiled_breaks} breaks"
+                   + (f" [{r.compiled_note}]" if r.compiled_note else ""))
+            limited.setdefault(key, []).append(r.model_type)
+    lines += ["", "Recompile limit reached, grouped by (graphs, breaks [the CPU Inductor "
+              "control]):", ""]
+    lines += [f"- {_md(key)} ({len(names)}): {', '.join(names)}"
+              for key, names in sorted(limited.items(), key=lambda kv: (-len(kv[1]), kv[0]))] \
+        or ["(none)"]
     return lines
 
 
@@ -1754,12 +1864,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="axon")
     ap.add_argument("--in-process", action="store_true",
                     help="run the architectures in this process (no protection against hangs)")
+    ap.add_argument("--save-results", metavar="JSON",
+                    help="also write the raw per-architecture results to this file")
+    ap.add_argument("--from-results", metavar="JSON",
+                    help="do not run: render the report from a --save-results file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     dtype = getattr(torch, args.dtype)
     if args.worker:  # --timeout is the whole limit here
         return worker(dtype, args.timeout, args.device, args.compiled, args.compiled_only)
+    if args.from_results:
+        return _render_saved(args)
     compiled = args.compiled or args.compiled_only
     # The limit of one architecture: the eager checks' plus compile time.
     timeout = args.timeout
@@ -1822,14 +1938,38 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_table(results)
     print(f"\n{seconds:.0f} s in total")
+    given = argv if argv is not None else sys.argv[1:]
+    command = " ".join(["python -m torch_axon.compat", *given])
+    if args.save_results:
+        with open(args.save_results, "w") as f:
+            json.dump(dict(command=command, seconds=seconds, dtype=args.dtype,
+                           timeout=args.timeout,
+                           compile_timeout=args.compile_timeout if compiled else None,
+                           compiled_only=args.compiled_only,
+                           results=[dataclasses.asdict(r) for r in results]), f, indent=1)
     if not args.no_write:
-        given = argv if argv is not None else sys.argv[1:]
-        command = " ".join(["python -m torch_axon.compat", *given])
         text = render_markdown(results, command=command, seconds=seconds,
                                dtype=dtype, timeout=args.timeout,
                                compile_timeout=args.compile_timeout if compiled else None,
                                compiled_only=args.compiled_only)
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(args.output, "w") as f:
+            f.write(text)
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _render_saved(args) -> int:
+    """--from-results: the report of a saved run (same command line, date of now)."""
+    with open(args.from_results) as f:
+        saved = json.load(f)
+    results = [ArchResult(**d) for d in saved["results"]]
+    print_table(results)
+    if not args.no_write:
+        text = render_markdown(results, command=saved["command"], seconds=saved["seconds"],
+                               dtype=getattr(torch, saved["dtype"]), timeout=saved["timeout"],
+                               compile_timeout=saved["compile_timeout"],
+                               compiled_only=saved["compiled_only"])
         with open(args.output, "w") as f:
             f.write(text)
         print(f"wrote {args.output}")
