@@ -365,6 +365,27 @@ def test_control_flow_subgraphs():
     check_compiled(loop, lambda dev: [tensor((16,), torch.float32, dev, 41)])
 
 
+def test_small_kernels_stay_on_one_thread():
+    """Generated loops under 2^20 iterations run on the stream worker alone (no
+    OpenMP team, as axon's eager kernels); larger ones are parallel."""
+    from torch._inductor.utils import run_and_get_code
+
+    def f(x):
+        return (x * 2).sin() + 1
+
+    small = torch.randn(4096, device="axon")
+    large = torch.randn(1 << 21, device="axon")
+    codes = {}
+    for name, x in (("small", small), ("large", large)):
+        torch._dynamo.reset()
+        out, code = run_and_get_code(torch.compile(f, backend="axon", dynamic=False), x)
+        assert_same(out, f(x.cpu()))
+        codes[name] = "\n".join(code)
+    assert "omp parallel" not in codes["small"]
+    if torch.get_num_threads() > 1:
+        assert "omp parallel" in codes["large"]
+
+
 # ---------------------------------------------------------------- random ops
 
 def random_ops(x):

@@ -434,7 +434,7 @@ void launch_small_linear_into(const at::Tensor& a, const at::Tensor& b, const fl
          },
          // Memory-bound: one thread reads the weight at ~31 GB/s here, and
          // leaves the other core to the host dispatching the next ops.
-         kThreadsUnlessHostWaits);
+         /*threads=*/1);
 }
 
 at::Tensor launch_small_linear(const at::Tensor& a, const at::Tensor& b, const float* bias,

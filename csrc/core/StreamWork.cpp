@@ -43,7 +43,6 @@ namespace {
 void set_kernel_threads(int threads) {
   thread_local const int all = omp_get_max_threads();
   thread_local int current = all;
-  if (threads == kThreadsUnlessHostWaits) threads = rt::waiting_host_threads() > 0 ? 0 : 1;
   const int want = threads > 0 ? std::min(threads, all) : all;
   if (want != current) {
     omp_set_num_threads(want);

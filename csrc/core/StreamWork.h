@@ -18,8 +18,7 @@ namespace at::axon {
 
 // Enqueues fn on device's current stream.  `name` must outlive the process
 // (a string literal or an interned name); it labels asynchronous errors.
-// `threads`: the most threads the kernel's parallel loops may use (0: all;
-// kThreadsUnlessHostWaits: see there).
+// `threads`: the most threads the kernel's parallel loops may use (0: all).
 void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn,
             int threads = 0);
 
@@ -29,12 +28,6 @@ void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn,
 // tokens/s).  `elements`: the elements a kernel touches, summed over its
 // tensors.
 constexpr int64_t kSmallKernelElements = int64_t{1} << 20;
-
-// For large memory-bound kernels (the decoding linear layers): one thread
-// while the host is dispatching (it needs the other core), every thread while
-// the host waits for the stream (eager code at a synchronisation; compiled code,
-// which enqueues a whole step in a fraction of the time it runs).
-constexpr int kThreadsUnlessHostWaits = -1;
 inline int kernelThreads(int64_t elements) {
   return elements < kSmallKernelElements ? 1 : 0;
 }

@@ -15,9 +15,6 @@ namespace {
 
 constexpr auto kSpin = std::chrono::microseconds(50);
 
-// Threads blocked in StreamState::wait (see waiting_host_threads()).
-std::atomic<int> waiting_threads{0};
-
 inline void spin_pause() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -134,12 +131,8 @@ void StreamState::wait(uint64_t seq) {
     throw Error("axon: work on axon:" + std::to_string(device_) + " stream " +
                 std::to_string(id_) + " waits for its own stream (deadlock)");
   }
-  waiting_threads.fetch_add(1, std::memory_order_relaxed);
   done_cv_.wait(lk, [&] { return completed_ >= seq; });
-  waiting_threads.fetch_sub(1, std::memory_order_relaxed);
 }
-
-int waiting_host_threads() noexcept { return waiting_threads.load(std::memory_order_relaxed); }
 
 void StreamState::wait_all() {
   uint64_t seq;

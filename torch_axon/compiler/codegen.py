@@ -44,8 +44,21 @@ _BINDING = "async_compile.cpp_pybinding("
 _AXON_BINDING = "axon_async_compile.cpp_pybinding("
 
 
+# Inductor parallelises a C++ loop nest over OpenMP threads once each thread
+# gets min_chunk_size iterations (512).  On axon a kernel runs on the stream
+# worker, for which an OpenMP team costs more than decoding-sized work gains
+# (and the host wants the other core): as axon's eager kernels
+# (csrc/core/StreamWork.h, kSmallKernelElements), loops of fewer than 2^20
+# iterations stay on one thread.
+AXON_MIN_CHUNK_SIZE = 1 << 19
+
+
 class AxonScheduling(CppScheduling):
     """C++ kernels (as for the CPU) that run as axon stream work."""
+
+    def codegen_node(self, node):
+        with torch._inductor.config.patch({"cpp.min_chunk_size": AXON_MIN_CHUNK_SIZE}):
+            return super().codegen_node(node)
 
     def define_kernel(self, src_code, nodes, kernel_args=None):
         wrapper = V.graph.wrapper_code

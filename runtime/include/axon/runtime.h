@@ -155,10 +155,6 @@ void stream_synchronize(Stream s);  // rethrows the stream's pending AsyncError
 bool stream_query(Stream s);        // true when all enqueued work has run
 void device_synchronize(int device);
 
-// Host threads now blocked until stream work runs (a synchronisation, an event
-// wait, a blocking copy).  Kernels may use the cores such threads leave idle.
-int waiting_host_threads() noexcept;
-
 // ---------------------------------------------------------------- events
 
 class Event;  // opaque
