@@ -386,6 +386,20 @@ def test_small_kernels_stay_on_one_thread():
         assert "omp parallel" in codes["large"]
 
 
+def test_current_device_is_a_guarded_constant():
+    """torch.axon.current_device() inside a compiled function: folded (no graph
+    break), and guarded: another current device compiles again."""
+    if torch.axon.device_count() < 2:
+        pytest.skip("needs two axon devices (AXON_NUM_DEVICES >= 2)")
+    cf = torch.compile(lambda x: x + torch.axon.current_device(), backend="axon")
+    x = torch.zeros(4, device="axon:0")
+    assert_same(cf(x), torch.zeros(4))
+    assert sum(counters["graph_break"].values()) == 0
+    with torch.axon.device(1):
+        assert_same(cf(x), torch.ones(4))
+    assert counters["stats"]["unique_graphs"] == 2
+
+
 # ---------------------------------------------------------------- random ops
 
 def random_ops(x):

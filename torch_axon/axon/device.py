@@ -68,6 +68,9 @@ def _get_device_index(device: _DeviceLike, optional: bool = False) -> int:
 
 def current_device() -> int:
     """Index of the calling thread's current axon device."""
+    if torch.compiler.is_compiling():
+        # Dynamo folds this to a constant (guarded), as torch.cuda.current_device.
+        return torch.accelerator.current_device_index()
     return _C._current_device()
 
 
