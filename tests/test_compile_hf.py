@@ -207,3 +207,17 @@ def test_trainer_torch_compile_matches_eager(tmp_path, fresh_accelerate):
     assert losses[-1] < losses[0]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(eager_losses),
                                **tol(torch.float32, accum=True))
+
+
+def test_compiled_attention_takes_grouped_kv_heads_on_axon(monkeypatch):
+    """While compiling for axon, Transformers' SDPA path passes enable_gqa=True
+    (no repeat_kv copy of the cache); eager code and other devices keep
+    upstream's answer (False here: a mask is given)."""
+    from transformers.integrations import sdpa_attention
+
+    k = torch.zeros(1, 2, 5, 8)
+    mask = torch.zeros(1, 1, 1, 5, dtype=torch.bool)
+    assert not sdpa_attention.use_gqa_in_sdpa(mask, k.to("axon"), k.to("axon"))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert sdpa_attention.use_gqa_in_sdpa(mask, k.to("axon"), k.to("axon"))
+    assert not sdpa_attention.use_gqa_in_sdpa(mask, k, k)
