@@ -1,0 +1,166 @@
+// axon::comm: collectives between the processes of one host over shared memory
+// (no PyTorch headers).  ProcessGroupAxon (csrc/distributed/) runs these as
+// stream work on a communication stream; this library only moves and reduces
+// bytes between raw pointers.
+//
+// One ShmGroup per process group and process.  Rank 0 creates a POSIX
+// shared-memory segment; the others open it by name; once every rank has
+// attached, rank 0 unlinks the name, so nothing is left in /dev/shm even if a
+// process later crashes.  The segment holds, per rank, a control block
+// (progress counter, pid), two double-buffered "slots" (data and result) and,
+// per ordered pair of ranks, a ring buffer for send/recv.
+//
+// Collectives are sequences of steps.  In step s a rank writes into its slot
+// s % 2, publishes "written" (phase 3s+1), waits for every peer's phase,
+// reads the peers' slots, optionally publishes a second phase (3s+2) and
+// finishes with "done reading" (3s+3).  A slot is rewritten two steps later,
+// after every peer's 3(s-2)+3: two buffers and three phases make a trailing
+// barrier unnecessary (DeepSpeed's shm allreduce does the same).
+//
+// Waits spin briefly, then yield, then sleep on a futex in the segment: on
+// machines with fewer cores than ranks a spinning rank would steal the core
+// its peer needs.  A wait that passes the timeout, or whose peer process has
+// exited, throws CommError naming the operation and the missing ranks; the
+// group is then broken and every later call throws at once.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace axon::comm {
+
+class CommError : public std::runtime_error {
+ public:
+  explicit CommError(const std::string& what) : std::runtime_error(what) {}
+};
+
+enum class DType : int { kFloat32, kFloat64, kFloat16, kBFloat16, kInt8, kUInt8,
+                         kInt16, kInt32, kInt64, kBool };
+enum class ReduceOp : int { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
+
+size_t dtype_size(DType dt);
+const char* dtype_name(DType dt);
+const char* reduce_op_name(ReduceOp op);
+// Throws CommError if op is not defined for dt (avg of integers, bitwise ops of floats).
+void check_reduce(DType dt, ReduceOp op);
+
+// out[i] = srcs[0][i] op srcs[1][i] op ... (in that order, so every rank that
+// reduces the same inputs gets the same bits); bfloat16/float16 accumulate in
+// float32.  kAvg divides the sum by nsrc.  out may alias srcs[k].
+void reduce(DType dt, ReduceOp op, void* out, const void* const* srcs, int nsrc, size_t count);
+
+struct Config {
+  size_t slot_bytes = size_t{4} << 20;    // per rank and buffer (x2 buffers, x2 data/result)
+  size_t p2p_bytes = size_t{1} << 20;     // ring buffer per ordered pair of ranks
+  size_t small_bytes = size_t{256} << 10; // all_reduce up to this: every rank reduces all inputs
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+};
+
+// A send or receive of a batch (send_recv_batch).
+struct P2POp {
+  bool send;
+  int peer;
+  void* data;    // const for sends
+  size_t bytes;
+};
+
+class ShmGroup {
+ public:
+  // Rank 0 creates the segment `name` (a POSIX shm name without the leading
+  // slash); other ranks open it (retrying until it exists or the timeout).
+  // Returns once this rank has attached; attach_all() waits for the others.
+  ShmGroup(const std::string& name, int rank, int size, const Config& config);
+  ~ShmGroup();
+  ShmGroup(const ShmGroup&) = delete;
+  ShmGroup& operator=(const ShmGroup&) = delete;
+
+  // Waits until every rank has attached; rank 0 then unlinks the name.
+  void attach_all();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Config& config() const { return config_; }
+  void set_timeout(std::chrono::milliseconds t) { config_.timeout = t; }
+  // Non-empty once an operation has failed: the group is unusable.
+  const std::string& broken() const { return broken_; }
+
+  void barrier();
+  // In place: data holds this rank's input and receives the result.
+  void all_reduce(void* data, size_t count, DType dt, ReduceOp op);
+  void broadcast(void* data, size_t bytes, int root);
+  // The result lands in data on root only; other ranks' data is unchanged.
+  void reduce(void* data, size_t count, DType dt, ReduceOp op, int root);
+  // outputs[r] receives rank r's `bytes` bytes of input (outputs[rank] may be input).
+  void all_gather(const void* input, size_t bytes, void* const* outputs);
+  // gather: like all_gather, but only root's outputs are written (others may pass null).
+  void gather(const void* input, size_t bytes, void* const* outputs, int root);
+  // scatter: rank r receives root's inputs[r] (only root's inputs are read).
+  void scatter(const void* const* inputs, size_t bytes, void* output, int root);
+  // inputs[r] is this rank's contribution to rank r (count elements each);
+  // output receives the reduction over ranks of their inputs[rank].
+  void reduce_scatter(const void* const* inputs, void* output, size_t count, DType dt,
+                      ReduceOp op);
+  // inputs[r] (send_bytes[r]) goes to rank r, arriving in its outputs[rank];
+  // recv_bytes[r] must equal what rank r sends here.
+  void all_to_all(const void* const* inputs, const size_t* send_bytes, void* const* outputs,
+                  const size_t* recv_bytes);
+  // Point to point: messages between a pair arrive in order.  A batch makes
+  // progress on all its operations at once, so a batch in which both ranks of
+  // a pair send first cannot deadlock.
+  void send(const void* data, size_t bytes, int peer);
+  void recv(void* data, size_t bytes, int peer);
+  void send_recv_batch(const std::vector<P2POp>& ops);
+
+  // Test hook: the collective sequence number (steps taken so far).
+  uint64_t steps() const { return step_; }
+
+ private:
+  struct Header;
+  struct RankCtl;
+  struct Chan;
+
+  void check_usable(const char* op);
+  [[noreturn]] void fail(const std::string& message);
+  // Step protocol.
+  void begin_step(const char* op);
+  void publish(int k);
+  void wait_peers(int k, const char* op, int only_rank = -1);
+  char* data_slot(int r) const;
+  char* result_slot(int r) const;
+  void ring();
+  template <typename Ready>
+  void wait_for(Ready&& ready, const char* op,
+                const std::function<std::vector<int>()>& waiting_for, const std::string& what);
+  bool peer_alive(int r) const;
+
+  void all_reduce_small(char* data, size_t count, DType dt, ReduceOp op);
+  void all_reduce_large(char* data, size_t count, DType dt, ReduceOp op);
+
+  Chan& chan(int from, int to) const;
+  char* chan_buf(int from, int to) const;
+
+  std::string name_;
+  int rank_, size_;
+  Config config_;
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  bool unlinked_ = false;
+  Header* header_ = nullptr;
+  RankCtl* ctl_ = nullptr;
+  uint64_t step_ = 0;     // steps started by this rank
+  uint64_t cur_ = 0;      // the current step
+  const char* cur_op_ = "";
+  std::string broken_;
+};
+
+// The bytes/second of a single-threaded memcpy of `bytes` (median of reps): the
+// physical reference of the collective benchmarks.
+double memcpy_bandwidth(size_t bytes, int reps);
+
+}  // namespace axon::comm

@@ -1,0 +1,364 @@
+// ShmGroup tests: ranks are threads, each with its own mapping of the segment
+// (as separate processes would have); the dead-rank test forks a process.
+#include <dirent.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "axon/comm.h"
+#include "axon/kernels/dtype.h"
+
+using namespace axon::comm;
+namespace k = axon::kernels;
+
+namespace {
+
+std::string unique_name() {
+  static std::atomic<int> counter{0};
+  return "axon-comm-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+}
+
+std::set<std::string> shm_entries() {
+  std::set<std::string> out;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n.rfind("axon-comm-test-", 0) == 0) out.insert(n);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+Config small_config() {
+  Config c;
+  c.slot_bytes = 64 << 10;  // small slots: many steps, wrap-around of both buffers
+  c.p2p_bytes = 16 << 10;
+  c.small_bytes = 8 << 10;
+  c.timeout = std::chrono::milliseconds(20000);
+  return c;
+}
+
+// Runs fn(group) on `size` threads; rethrows the first failure message.
+void run_group(int size, const Config& config, const std::function<void(ShmGroup&)>& fn) {
+  std::string name = unique_name();
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(size);
+  std::atomic<bool> created{false};
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        if (r != 0) {
+          while (!created.load()) std::this_thread::yield();
+        }
+        ShmGroup g(name, r, size, config);
+        if (r == 0) created.store(true);
+        g.attach_all();
+        fn(g);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        created.store(true);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < size; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+}
+
+float value(int rank, size_t i) { return float((rank * 7 + int(i % 1013) * 3) % 11) - 5.0f; }
+
+}  // namespace
+
+TEST(CommReduce, Float32Ops) {
+  const int n = 3;
+  const size_t count = 5000;
+  std::vector<std::vector<float>> in(n, std::vector<float>(count));
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i) in[r][i] = value(r, i) + 0.25f * r;
+  const void* srcs[n] = {in[0].data(), in[1].data(), in[2].data()};
+  std::vector<float> out(count);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct, ReduceOp::kMin,
+                      ReduceOp::kMax}) {
+    reduce(DType::kFloat32, op, out.data(), srcs, n, count);
+    for (size_t i = 0; i < count; ++i) {
+      float a = in[0][i], b = in[1][i], c = in[2][i], want = 0;
+      switch (op) {
+        case ReduceOp::kSum: want = (a + b) + c; break;
+        case ReduceOp::kAvg: want = ((a + b) + c) / 3; break;
+        case ReduceOp::kProduct: want = (a * b) * c; break;
+        case ReduceOp::kMin: want = std::min(a, std::min(b, c)); break;
+        default: want = std::max(a, std::max(b, c)); break;
+      }
+      ASSERT_EQ(out[i], want) << reduce_op_name(op) << " at " << i;
+    }
+  }
+}
+
+TEST(CommReduce, HalfAccumulatesInFloat) {
+  // 4 x bfloat16(1 + 2^-8): summed in bf16 step by step each add rounds; the
+  // float32 accumulation rounds once.
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    const int n = 4;
+    const size_t count = 3000;
+    std::vector<std::vector<uint16_t>> in(n, std::vector<uint16_t>(count));
+    std::vector<const void*> srcs;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        float v = value(r, i) * 0.37f + 1.0f / 256;
+        in[r][i] = dt == DType::kBFloat16 ? k::float_to_bf16(v) : k::float_to_f16(v);
+      }
+      srcs.push_back(in[r].data());
+    }
+    std::vector<uint16_t> out(count);
+    reduce(dt, ReduceOp::kSum, out.data(), srcs.data(), n, count);
+    for (size_t i = 0; i < count; ++i) {
+      float acc = 0;
+      for (int r = 0; r < n; ++r) {
+        acc += dt == DType::kBFloat16 ? k::bf16_to_float(in[r][i]) : k::f16_to_float(in[r][i]);
+      }
+      uint16_t want = dt == DType::kBFloat16 ? k::float_to_bf16(acc) : k::float_to_f16(acc);
+      ASSERT_EQ(out[i], want) << dtype_name(dt) << " at " << i;
+    }
+  }
+}
+
+TEST(CommReduce, RejectsUndefinedCombinations) {
+  EXPECT_THROW(check_reduce(DType::kInt32, ReduceOp::kAvg), CommError);
+  EXPECT_THROW(check_reduce(DType::kFloat32, ReduceOp::kBand), CommError);
+  EXPECT_NO_THROW(check_reduce(DType::kInt64, ReduceOp::kBxor));
+}
+
+class CommGroup : public ::testing::TestWithParam<int> {};
+
+TEST_P(CommGroup, AllReduceSmallAndLarge) {
+  const int n = GetParam();
+  Config c = small_config();
+  // Sizes: zero, small path, exactly one slot, several slots with a tail.
+  std::vector<size_t> counts = {0, 1, 100, (64 << 10) / 4, 50000};
+  run_group(n, c, [&](ShmGroup& g) {
+    for (size_t count : counts) {
+      std::vector<float> data(count);
+      for (size_t i = 0; i < count; ++i) data[i] = value(g.rank(), i);
+      g.all_reduce(data.data(), count, DType::kFloat32, ReduceOp::kSum);
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int r = 0; r < n; ++r) want += value(r, i);
+        ASSERT_EQ(data[i], want) << "count " << count << " i " << i;
+      }
+      std::vector<int64_t> ints(count);
+      for (size_t i = 0; i < count; ++i) ints[i] = (g.rank() + 1) * int64_t(i + 1);
+      g.all_reduce(ints.data(), count, DType::kInt64, ReduceOp::kMax);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(ints[i], n * int64_t(i + 1));
+    }
+  });
+}
+
+TEST_P(CommGroup, RootedAndGatherCollectives) {
+  const int n = GetParam();
+  Config c = small_config();
+  const size_t bytes = 150000;  // several slots
+  run_group(n, c, [&](ShmGroup& g) {
+    const int r = g.rank();
+    const int root = n - 1;
+    // broadcast
+    std::vector<char> b(bytes);
+    for (size_t i = 0; i < bytes; ++i) b[i] = char(r == root ? (i * 13) % 251 : 0);
+    g.broadcast(b.data(), bytes, root);
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(b[i], char((i * 13) % 251));
+    // reduce to root
+    const size_t count = bytes / 4;
+    std::vector<float> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = value(r, i);
+    g.reduce(v.data(), count, DType::kFloat32, ReduceOp::kSum, root);
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, i);
+      ASSERT_EQ(v[i], r == root ? want : value(r, i));
+    }
+    // all_gather / gather
+    std::vector<char> in(bytes);
+    for (size_t i = 0; i < bytes; ++i) in[i] = char(r * 31 + i % 97);
+    std::vector<std::vector<char>> out(n, std::vector<char>(bytes));
+    std::vector<void*> outs;
+    for (auto& o : out) outs.push_back(o.data());
+    g.all_gather(in.data(), bytes, outs.data());
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(out[q][i], char(q * 31 + i % 97));
+    for (auto& o : out) std::fill(o.begin(), o.end(), 0);
+    g.gather(in.data(), bytes, outs.data(), 0);
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < bytes; i += 101)
+        ASSERT_EQ(out[q][i], r == 0 ? char(q * 31 + i % 97) : 0);
+    // scatter from root
+    std::vector<std::vector<char>> parts(n, std::vector<char>(bytes));
+    std::vector<const void*> ins;
+    for (int q = 0; q < n; ++q) {
+      for (size_t i = 0; i < bytes; ++i) parts[q][i] = char(r == root ? q * 5 + i % 89 : 0);
+      ins.push_back(parts[q].data());
+    }
+    std::vector<char> got(bytes);
+    g.scatter(ins.data(), bytes, got.data(), root);
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(got[i], char(r * 5 + i % 89));
+    // reduce_scatter
+    std::vector<std::vector<float>> rs(n, std::vector<float>(count));
+    std::vector<const void*> rsin;
+    for (int q = 0; q < n; ++q) {
+      for (size_t i = 0; i < count; ++i) rs[q][i] = value(r, i + q);
+      rsin.push_back(rs[q].data());
+    }
+    std::vector<float> rsout(count);
+    g.reduce_scatter(rsin.data(), rsout.data(), count, DType::kFloat32, ReduceOp::kSum);
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, i + r);
+      ASSERT_EQ(rsout[i], want);
+    }
+    g.barrier();
+  });
+}
+
+TEST_P(CommGroup, AllToAllUneven) {
+  const int n = GetParam();
+  run_group(n, small_config(), [&](ShmGroup& g) {
+    const int r = g.rank();
+    // rank r sends (r + 1) * 7000 + d bytes to rank d: uneven, some over a window.
+    auto len = [](int from, int to) { return size_t((from + 1) * 7000 + to * 3); };
+    std::vector<std::vector<char>> in(n), out(n);
+    std::vector<const void*> ins;
+    std::vector<void*> outs;
+    std::vector<size_t> sb(n), rb(n);
+    for (int d = 0; d < n; ++d) {
+      sb[d] = len(r, d);
+      rb[d] = len(d, r);
+      in[d].resize(sb[d]);
+      for (size_t i = 0; i < sb[d]; ++i) in[d][i] = char(r * 17 + d * 3 + i % 71);
+      out[d].resize(rb[d]);
+      ins.push_back(in[d].data());
+      outs.push_back(out[d].data());
+    }
+    g.all_to_all(ins.data(), sb.data(), outs.data(), rb.data());
+    for (int s = 0; s < n; ++s)
+      for (size_t i = 0; i < rb[s]; ++i) ASSERT_EQ(out[s][i], char(s * 17 + r * 3 + i % 71));
+  });
+}
+
+TEST_P(CommGroup, SendRecvBatchBothSendFirst) {
+  const int n = GetParam();
+  run_group(n, small_config(), [&](ShmGroup& g) {
+    if (n == 1) {  // no peer: sending to oneself is an error
+      char c = 0;
+      EXPECT_THROW(g.send(&c, 1, 0), CommError);
+      return;
+    }
+    const int r = g.rank();
+    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    const size_t bytes = 100000;  // larger than the ring buffer: needs interleaving
+    std::vector<char> out(bytes), in(bytes);
+    for (size_t i = 0; i < bytes; ++i) out[i] = char(r + i % 13);
+    g.send_recv_batch({P2POp{true, next, out.data(), bytes}, P2POp{false, prev, in.data(), bytes}});
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(in[i], char(prev + i % 13));
+    // Plain send/recv in a ring, two messages in a row.
+    if (r == 0) {
+      g.send(out.data(), 10, next);
+      g.send(out.data(), 0, next);
+      g.recv(in.data(), 10, prev);
+    } else {
+      g.recv(in.data(), 10, prev);
+      g.recv(in.data(), 0, prev);
+      g.send(out.data(), 10, next);
+      g.send(out.data(), 0, next);
+    }
+    if (r == 0) g.recv(in.data(), 0, prev);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, CommGroup, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "ranks" + std::to_string(info.param); });
+
+TEST(CommErrors, RecvSizeMismatchNamesBothSizes) {
+  run_group(2, small_config(), [&](ShmGroup& g) {
+    char buf[64] = {};
+    if (g.rank() == 0) {
+      g.send(buf, 16, 1);
+    } else {
+      try {
+        g.recv(buf, 32, 0);
+        FAIL() << "no error";
+      } catch (const CommError& e) {
+        EXPECT_NE(std::string(e.what()).find("expects 32 bytes from rank 0, which sent 16"),
+                  std::string::npos) << e.what();
+      }
+    }
+  });
+}
+
+TEST(CommErrors, MissingRankTimesOutNamingIt) {
+  Config c = small_config();
+  c.timeout = std::chrono::milliseconds(300);
+  run_group(3, c, [&](ShmGroup& g) {
+    if (g.rank() == 2) return;  // never arrives
+    float x = 1;
+    auto start = std::chrono::steady_clock::now();
+    try {
+      g.all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum);
+      FAIL() << "no error";
+    } catch (const CommError& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("all_reduce timed out"), std::string::npos) << m;
+      EXPECT_NE(m.find("rank(s) 2"), std::string::npos) << m;
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    // The group is broken from now on: later calls fail at once.
+    EXPECT_FALSE(g.broken().empty());
+    EXPECT_THROW(g.barrier(), CommError);
+  });
+}
+
+TEST(CommErrors, DeadRankIsReportedBeforeTheTimeout) {
+  Config c = small_config();
+  c.timeout = std::chrono::milliseconds(60000);
+  std::string name = unique_name();
+  auto before = shm_entries();
+  ShmGroup g(name, 0, 2, c);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    {
+      ShmGroup peer(name, 1, 2, c);
+      peer.attach_all();
+    }
+    _exit(0);  // dies without joining the collective
+  }
+  g.attach_all();
+  auto start = std::chrono::steady_clock::now();
+  float x = 1;
+  std::string message;
+  try {
+    g.all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum);
+  } catch (const CommError& e) {
+    message = e.what();
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_NE(message.find("rank 1 (pid " + std::to_string(child) + ") exited"), std::string::npos)
+      << message;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  // The name was unlinked once both ranks attached: nothing left in /dev/shm.
+  EXPECT_EQ(shm_entries(), before);
+}
+
+TEST(CommErrors, NoSegmentLeftAfterGroups) {
+  auto before = shm_entries();
+  run_group(2, small_config(), [](ShmGroup& g) { g.barrier(); });
+  EXPECT_EQ(shm_entries(), before);
+}

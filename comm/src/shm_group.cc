@@ -1,0 +1,740 @@
+// ShmGroup: the shared-memory segment, the step protocol and the collectives
+// (see axon/comm.h for the protocol).
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <thread>
+
+#include "axon/comm.h"
+
+namespace axon::comm {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x41584f4e434f4d31ull;  // "AXONCOM1"
+constexpr size_t kAlign = 64;
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+struct ShmGroup::Header {
+  uint64_t magic;
+  int32_t size;
+  uint64_t slot_bytes;
+  uint64_t p2p_bytes;
+  alignas(kAlign) std::atomic<uint32_t> bell;      // bumped on every publish (futex word)
+  alignas(kAlign) std::atomic<uint32_t> sleepers;  // ranks asleep on the bell
+};
+
+struct ShmGroup::RankCtl {
+  alignas(kAlign) std::atomic<uint64_t> phase;  // 3 * step + k
+  std::atomic<uint32_t> attached;
+  int32_t pid;
+  uint64_t meta;  // a value exchanged by all_to_all's size agreement
+};
+
+struct ShmGroup::Chan {
+  alignas(kAlign) std::atomic<uint64_t> head;  // bytes written by the sender
+  alignas(kAlign) std::atomic<uint64_t> tail;  // bytes consumed by the receiver
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// Layout: Header | RankCtl[size] | Chan[size*size] | slots (per rank: 2 x
+// (data, result)) | p2p ring buffers [size*size].
+namespace {
+struct Layout {
+  size_t ctl, chan, slots, p2p, total;
+};
+Layout layout(int size, size_t slot_bytes, size_t p2p_bytes, size_t header, size_t ctl,
+              size_t chan) {
+  Layout l;
+  l.ctl = round_up(header, 4096);
+  l.chan = l.ctl + round_up(ctl * size, kAlign);
+  l.slots = round_up(l.chan + chan * size * size, 4096);
+  l.p2p = l.slots + size_t(size) * 4 * slot_bytes;
+  l.total = l.p2p + size_t(size) * size * p2p_bytes;
+  return l;
+}
+}  // namespace
+
+ShmGroup::ShmGroup(const std::string& name, int rank, int size, const Config& config)
+    : name_("/" + name), rank_(rank), size_(size), config_(config) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw CommError("axon process group: invalid rank " + std::to_string(rank) +
+                    " for a group of size " + std::to_string(size));
+  }
+  config_.slot_bytes = round_up(std::max<size_t>(config_.slot_bytes, 4096), 4096);
+  config_.p2p_bytes = round_up(std::max<size_t>(config_.p2p_bytes, 4096), 4096);
+  Layout l = layout(size, config_.slot_bytes, config_.p2p_bytes, sizeof(Header),
+                    sizeof(RankCtl), sizeof(Chan));
+  bytes_ = l.total;
+  int fd = -1;
+  if (rank == 0) {
+    fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      throw CommError("axon process group: cannot create shared memory " + name_ + ": " +
+                      std::strerror(errno));
+    }
+    if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+      int e = errno;
+      close(fd);
+      shm_unlink(name_.c_str());
+      throw CommError("axon process group: cannot size shared memory " + name_ + " to " +
+                      std::to_string(bytes_) + " bytes: " + std::strerror(e));
+    }
+  } else {
+    auto deadline = Clock::now() + config_.timeout;
+    for (;;) {
+      fd = shm_open(name_.c_str(), O_RDWR, 0600);
+      if (fd >= 0) {
+        struct stat st;
+        if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= bytes_) break;
+        close(fd);
+        fd = -1;
+      }
+      if (Clock::now() > deadline) {
+        throw CommError("axon process group: rank " + std::to_string(rank) +
+                        " could not open shared memory " + name_ + " created by rank 0");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base_ == MAP_FAILED) {
+    base_ = nullptr;
+    if (rank == 0) shm_unlink(name_.c_str());
+    throw CommError("axon process group: cannot map shared memory: " +
+                    std::string(std::strerror(errno)));
+  }
+  header_ = static_cast<Header*>(base_);
+  ctl_ = reinterpret_cast<RankCtl*>(static_cast<char*>(base_) + l.ctl);
+  if (rank == 0) {
+    // ftruncate zero-fills: atomics start at 0.
+    header_->size = size;
+    header_->slot_bytes = config_.slot_bytes;
+    header_->p2p_bytes = config_.p2p_bytes;
+    std::atomic_thread_fence(std::memory_order_release);
+    reinterpret_cast<std::atomic<uint64_t>*>(&header_->magic)->store(kMagic, std::memory_order_release);
+  } else {
+    auto deadline = Clock::now() + config_.timeout;
+    while (reinterpret_cast<std::atomic<uint64_t>*>(&header_->magic)->load(
+               std::memory_order_acquire) != kMagic) {
+      if (Clock::now() > deadline) throw CommError("axon process group: segment not initialised");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (header_->size != size || header_->slot_bytes != config_.slot_bytes ||
+        header_->p2p_bytes != config_.p2p_bytes) {
+      throw CommError("axon process group: ranks disagree on the group's configuration "
+                      "(size or AXON_COMM_* buffer sizes)");
+    }
+  }
+  ctl_[rank].pid = static_cast<int32_t>(getpid());
+  ctl_[rank].attached.store(1, std::memory_order_release);
+  ring();
+}
+
+ShmGroup::~ShmGroup() {
+  if (base_ != nullptr) {
+    if (rank_ == 0 && !unlinked_) shm_unlink(name_.c_str());
+    munmap(base_, bytes_);
+  }
+}
+
+void ShmGroup::attach_all() {
+  try {
+    wait_for([&] {
+      for (int r = 0; r < size_; ++r) {
+        if (ctl_[r].attached.load(std::memory_order_acquire) == 0) return false;
+      }
+      return true;
+    }, "init", [&] {
+      std::vector<int> v;
+      for (int r = 0; r < size_; ++r) {
+        if (ctl_[r].attached.load(std::memory_order_acquire) == 0) v.push_back(r);
+      }
+      return v;
+    }, "to attach to the group's shared memory");
+  } catch (...) {
+    if (rank_ == 0 && !unlinked_) {
+      shm_unlink(name_.c_str());
+      unlinked_ = true;
+    }
+    throw;
+  }
+  if (rank_ == 0 && !unlinked_) {
+    shm_unlink(name_.c_str());
+    unlinked_ = true;
+  }
+}
+
+// ---------------------------------------------------------------- waiting
+
+void ShmGroup::ring() {
+  header_->bell.fetch_add(1, std::memory_order_seq_cst);
+  if (header_->sleepers.load(std::memory_order_seq_cst) > 0) {
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&header_->bell), FUTEX_WAKE, INT_MAX,
+            nullptr, nullptr, 0);
+  }
+}
+
+bool ShmGroup::peer_alive(int r) const {
+  int pid = ctl_[r].pid;
+  if (pid <= 0) return true;  // not attached yet: the timeout decides
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  // A child that exited but was not reaped yet is a zombie: dead too.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  auto close_paren = line.rfind(')');
+  if (close_paren != std::string::npos && close_paren + 2 < line.size()) {
+    char state = line[close_paren + 2];
+    if (state == 'Z' || state == 'X') return false;
+  }
+  return true;
+}
+
+template <typename Ready>
+void ShmGroup::wait_for(Ready&& ready, const char* op,
+                        const std::function<std::vector<int>()>& waiting_for,
+                        const std::string& what) {
+  for (int i = 0; i < 256; ++i) {
+    if (ready()) return;
+    cpu_relax();
+  }
+  for (int i = 0; i < 16; ++i) {
+    if (ready()) return;
+    sched_yield();
+  }
+  auto start = Clock::now();
+  auto deadline = start + config_.timeout;
+  auto next_check = start + std::chrono::milliseconds(100);
+  for (;;) {
+    uint32_t bell = header_->bell.load(std::memory_order_seq_cst);
+    if (ready()) return;
+    header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    struct timespec ts{0, 20 * 1000 * 1000};  // 20 ms: liveness and timeout checks
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&header_->bell), FUTEX_WAIT, bell, &ts,
+            nullptr, 0);
+    header_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (ready()) return;
+    auto now = Clock::now();
+    if (now >= next_check) {
+      next_check = now + std::chrono::milliseconds(100);
+      for (int r : waiting_for()) {
+        if (r != rank_ && !peer_alive(r)) {
+          fail(std::string("axon process group: ") + op + " failed on rank " +
+               std::to_string(rank_) + ": rank " + std::to_string(r) + " (pid " +
+               std::to_string(ctl_[r].pid) + ") exited while this rank waited for it " + what);
+        }
+      }
+    }
+    if (now >= deadline) {
+      std::vector<int> peers = waiting_for();
+      std::ostringstream missing;
+      for (size_t i = 0; i < peers.size(); ++i) missing << (i ? ", " : "") << peers[i];
+      fail(std::string("axon process group: ") + op + " timed out on rank " +
+           std::to_string(rank_) + " after " + std::to_string(config_.timeout.count()) +
+           " ms waiting for rank(s) " + missing.str() + " " + what);
+    }
+  }
+}
+
+void ShmGroup::fail(const std::string& message) {
+  if (broken_.empty()) broken_ = message;
+  throw CommError(message);
+}
+
+void ShmGroup::check_usable(const char* op) {
+  if (!broken_.empty()) {
+    throw CommError(std::string("axon process group: cannot run ") + op +
+                    ": the group failed earlier: " + broken_);
+  }
+}
+
+// ---------------------------------------------------------------- steps
+
+char* ShmGroup::data_slot(int r) const {
+  Layout l = layout(size_, config_.slot_bytes, config_.p2p_bytes, sizeof(Header),
+                    sizeof(RankCtl), sizeof(Chan));
+  return static_cast<char*>(base_) + l.slots + (size_t(r) * 4 + (cur_ % 2) * 2) * config_.slot_bytes;
+}
+
+char* ShmGroup::result_slot(int r) const { return data_slot(r) + config_.slot_bytes; }
+
+void ShmGroup::begin_step(const char* op) {
+  cur_ = step_++;
+  cur_op_ = op;
+  if (cur_ >= 2) wait_peers(-3, op);  // peers done with step cur_-2 (3(s-2)+3 = 3s-3)
+}
+
+void ShmGroup::publish(int k) {
+  ctl_[rank_].phase.store(3 * cur_ + k, std::memory_order_release);
+  ring();
+}
+
+void ShmGroup::wait_peers(int k, const char* op, int only_rank) {
+  uint64_t target = 3 * cur_ + k;
+  auto behind = [&] {
+    std::vector<int> v;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || (only_rank >= 0 && r != only_rank)) continue;
+      if (ctl_[r].phase.load(std::memory_order_acquire) < target) v.push_back(r);
+    }
+    return v;
+  };
+  auto ready = [&] {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || (only_rank >= 0 && r != only_rank)) continue;
+      if (ctl_[r].phase.load(std::memory_order_acquire) < target) return false;
+    }
+    return true;
+  };
+  if (ready()) return;
+  wait_for(ready, op, behind,
+           "(collective #" + std::to_string(cur_) + "; every rank must call the same "
+           "collectives in the same order)");
+}
+
+// ---------------------------------------------------------------- collectives
+
+void ShmGroup::barrier() {
+  check_usable("barrier");
+  begin_step("barrier");
+  publish(1);
+  wait_peers(1, "barrier");
+  publish(3);
+}
+
+void ShmGroup::all_reduce(void* data, size_t count, DType dt, ReduceOp op) {
+  check_usable("all_reduce");
+  check_reduce(dt, op);
+  size_t bytes = count * dtype_size(dt);
+  if (size_ == 1) {
+    if (op == ReduceOp::kAvg) {
+      const void* src = data;
+      axon::comm::reduce(dt, op, data, &src, 1, count);
+    }
+    return;
+  }
+  if (bytes <= config_.small_bytes && bytes <= config_.slot_bytes) {
+    all_reduce_small(static_cast<char*>(data), count, dt, op);
+  } else {
+    all_reduce_large(static_cast<char*>(data), count, dt, op);
+  }
+}
+
+void ShmGroup::all_reduce_small(char* data, size_t count, DType dt, ReduceOp op) {
+  begin_step("all_reduce");
+  size_t bytes = count * dtype_size(dt);
+  std::memcpy(data_slot(rank_), data, bytes);
+  publish(1);
+  wait_peers(1, "all_reduce");
+  std::vector<const void*> srcs(size_);
+  for (int r = 0; r < size_; ++r) srcs[r] = data_slot(r);
+  axon::comm::reduce(dt, op, data, srcs.data(), size_, count);
+  publish(3);
+}
+
+void ShmGroup::all_reduce_large(char* data, size_t count, DType dt, ReduceOp op) {
+  size_t es = dtype_size(dt);
+  size_t chunk = config_.slot_bytes / es;  // elements per step
+  std::vector<const void*> srcs(size_);
+  for (size_t off = 0; off < count; off += chunk) {
+    size_t n = std::min(chunk, count - off);
+    begin_step("all_reduce");
+    char* mine = data + off * es;
+    std::memcpy(data_slot(rank_), mine, n * es);
+    publish(1);
+    wait_peers(1, "all_reduce");
+    // Reduce-scatter: this rank reduces its slice into its result slot.
+    size_t per = (n + size_ - 1) / size_;
+    per = round_up(per, 16);
+    size_t lo = std::min(n, per * rank_), hi = std::min(n, lo + per);
+    if (hi > lo) {
+      for (int r = 0; r < size_; ++r) srcs[r] = data_slot(r) + lo * es;
+      axon::comm::reduce(dt, op, result_slot(rank_) + lo * es, srcs.data(), size_, hi - lo);
+    }
+    publish(2);
+    wait_peers(2, "all_reduce");
+    // All-gather of the reduced slices.
+    for (int r = 0; r < size_; ++r) {
+      size_t rlo = std::min(n, per * r), rhi = std::min(n, rlo + per);
+      if (rhi > rlo) std::memcpy(mine + rlo * es, result_slot(r) + rlo * es, (rhi - rlo) * es);
+    }
+    publish(3);
+  }
+}
+
+void ShmGroup::broadcast(void* data, size_t bytes, int root) {
+  check_usable("broadcast");
+  if (size_ == 1) return;
+  char* p = static_cast<char*>(data);
+  size_t chunk = config_.slot_bytes;
+  for (size_t off = 0; off < bytes; off += chunk) {
+    size_t n = std::min(chunk, bytes - off);
+    begin_step("broadcast");
+    if (rank_ == root) std::memcpy(data_slot(rank_), p + off, n);
+    publish(1);
+    if (rank_ != root) {
+      wait_peers(1, "broadcast", root);
+      std::memcpy(p + off, data_slot(root), n);
+    }
+    publish(3);
+  }
+}
+
+void ShmGroup::reduce(void* data, size_t count, DType dt, ReduceOp op, int root) {
+  check_usable("reduce");
+  check_reduce(dt, op);
+  if (size_ == 1) {
+    if (op == ReduceOp::kAvg) {
+      const void* src = data;
+      axon::comm::reduce(dt, op, data, &src, 1, count);
+    }
+    return;
+  }
+  size_t es = dtype_size(dt);
+  size_t chunk = config_.slot_bytes / es;
+  char* p = static_cast<char*>(data);
+  std::vector<const void*> srcs(size_);
+  for (size_t off = 0; off < count; off += chunk) {
+    size_t n = std::min(chunk, count - off);
+    begin_step("reduce");
+    std::memcpy(data_slot(rank_), p + off * es, n * es);
+    publish(1);
+    if (rank_ == root) {
+      wait_peers(1, "reduce");
+      for (int r = 0; r < size_; ++r) srcs[r] = data_slot(r);
+      axon::comm::reduce(dt, op, p + off * es, srcs.data(), size_, n);
+    }
+    publish(3);
+  }
+}
+
+void ShmGroup::all_gather(const void* input, size_t bytes, void* const* outputs) {
+  check_usable("all_gather");
+  const char* in = static_cast<const char*>(input);
+  if (size_ == 1) {
+    if (outputs[0] != input && bytes) std::memmove(outputs[0], input, bytes);
+    return;
+  }
+  size_t chunk = config_.slot_bytes;
+  for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += chunk) {
+    size_t n = std::min(chunk, bytes - off);
+    begin_step("all_gather");
+    std::memcpy(data_slot(rank_), in + off, n);
+    publish(1);
+    wait_peers(1, "all_gather");
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(static_cast<char*>(outputs[r]) + off, data_slot(r), n);
+    }
+    publish(3);
+    if (bytes == 0) break;
+  }
+}
+
+void ShmGroup::gather(const void* input, size_t bytes, void* const* outputs, int root) {
+  check_usable("gather");
+  const char* in = static_cast<const char*>(input);
+  if (size_ == 1) {
+    if (outputs[0] != input && bytes) std::memmove(outputs[0], input, bytes);
+    return;
+  }
+  size_t chunk = config_.slot_bytes;
+  for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += chunk) {
+    size_t n = std::min(chunk, bytes - off);
+    begin_step("gather");
+    std::memcpy(data_slot(rank_), in + off, n);
+    publish(1);
+    if (rank_ == root) {
+      wait_peers(1, "gather");
+      for (int r = 0; r < size_; ++r) {
+        std::memcpy(static_cast<char*>(outputs[r]) + off, data_slot(r), n);
+      }
+    }
+    publish(3);
+    if (bytes == 0) break;
+  }
+}
+
+void ShmGroup::scatter(const void* const* inputs, size_t bytes, void* output, int root) {
+  check_usable("scatter");
+  char* out = static_cast<char*>(output);
+  if (size_ == 1) {
+    if (inputs[0] != output && bytes) std::memmove(output, inputs[0], bytes);
+    return;
+  }
+  size_t chunk = config_.slot_bytes / size_;
+  for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += chunk) {
+    size_t n = std::min(chunk, bytes - off);
+    begin_step("scatter");
+    if (rank_ == root) {
+      for (int r = 0; r < size_; ++r) {
+        std::memcpy(data_slot(rank_) + r * chunk, static_cast<const char*>(inputs[r]) + off, n);
+      }
+    }
+    publish(1);
+    wait_peers(1, "scatter", root);
+    std::memcpy(out + off, data_slot(root) + rank_ * chunk, n);
+    publish(3);
+    if (bytes == 0) break;
+  }
+}
+
+void ShmGroup::reduce_scatter(const void* const* inputs, void* output, size_t count, DType dt,
+                              ReduceOp op) {
+  check_usable("reduce_scatter");
+  check_reduce(dt, op);
+  size_t es = dtype_size(dt);
+  if (size_ == 1) {
+    axon::comm::reduce(dt, op, output, inputs, 1, count);
+    return;
+  }
+  size_t chunk = std::max<size_t>(1, config_.slot_bytes / size_ / es);  // elements per rank
+  std::vector<const void*> srcs(size_);
+  for (size_t off = 0; off < count || (count == 0 && off == 0); off += chunk) {
+    size_t n = std::min(chunk, count - off);
+    begin_step("reduce_scatter");
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(data_slot(rank_) + r * chunk * es,
+                  static_cast<const char*>(inputs[r]) + off * es, n * es);
+    }
+    publish(1);
+    wait_peers(1, "reduce_scatter");
+    for (int r = 0; r < size_; ++r) srcs[r] = data_slot(r) + rank_ * chunk * es;
+    if (n) axon::comm::reduce(dt, op, static_cast<char*>(output) + off * es, srcs.data(), size_, n);
+    publish(3);
+    if (count == 0) break;
+  }
+}
+
+void ShmGroup::all_to_all(const void* const* inputs, const size_t* send_bytes,
+                          void* const* outputs, const size_t* recv_bytes) {
+  check_usable("all_to_all");
+  if (size_ == 1) {
+    if (send_bytes[0] != recv_bytes[0]) {
+      fail("axon process group: all_to_all: rank 0 sends " + std::to_string(send_bytes[0]) +
+           " bytes to itself but expects " + std::to_string(recv_bytes[0]));
+    }
+    if (outputs[0] != inputs[0] && send_bytes[0]) std::memmove(outputs[0], inputs[0], send_bytes[0]);
+    return;
+  }
+  // Agree on the number of steps: the largest message of any pair, and check
+  // that every rank expects what its peers send.
+  size_t window = config_.slot_bytes / size_;
+  begin_step("all_to_all");
+  uint64_t* sizes = reinterpret_cast<uint64_t*>(data_slot(rank_));
+  for (int r = 0; r < size_; ++r) sizes[r] = send_bytes[r];
+  publish(1);
+  wait_peers(1, "all_to_all");
+  size_t longest = 0;
+  std::string mismatch;
+  for (int r = 0; r < size_; ++r) {
+    const uint64_t* theirs = reinterpret_cast<const uint64_t*>(data_slot(r));
+    for (int d = 0; d < size_; ++d) longest = std::max<size_t>(longest, theirs[d]);
+    if (theirs[rank_] != recv_bytes[r] && mismatch.empty()) {
+      mismatch = "axon process group: all_to_all: rank " + std::to_string(r) + " sends " +
+                 std::to_string(theirs[rank_]) + " bytes to rank " + std::to_string(rank_) +
+                 ", which expects " + std::to_string(recv_bytes[r]) +
+                 " (input/output split sizes disagree)";
+    }
+  }
+  publish(3);
+  if (!mismatch.empty()) fail(mismatch);
+  for (size_t off = 0; off < longest; off += window) {
+    begin_step("all_to_all");
+    for (int r = 0; r < size_; ++r) {
+      if (send_bytes[r] > off) {
+        std::memcpy(data_slot(rank_) + r * window, static_cast<const char*>(inputs[r]) + off,
+                    std::min(window, send_bytes[r] - off));
+      }
+    }
+    publish(1);
+    wait_peers(1, "all_to_all");
+    for (int r = 0; r < size_; ++r) {
+      if (recv_bytes[r] > off) {
+        std::memcpy(static_cast<char*>(outputs[r]) + off, data_slot(r) + rank_ * window,
+                    std::min(window, recv_bytes[r] - off));
+      }
+    }
+    publish(3);
+  }
+}
+
+// ---------------------------------------------------------------- point to point
+
+ShmGroup::Chan& ShmGroup::chan(int from, int to) const {
+  Layout l = layout(size_, config_.slot_bytes, config_.p2p_bytes, sizeof(Header),
+                    sizeof(RankCtl), sizeof(Chan));
+  return reinterpret_cast<Chan*>(static_cast<char*>(base_) + l.chan)[from * size_ + to];
+}
+
+char* ShmGroup::chan_buf(int from, int to) const {
+  Layout l = layout(size_, config_.slot_bytes, config_.p2p_bytes, sizeof(Header),
+                    sizeof(RankCtl), sizeof(Chan));
+  return static_cast<char*>(base_) + l.p2p + size_t(from * size_ + to) * config_.p2p_bytes;
+}
+
+void ShmGroup::send(const void* data, size_t bytes, int peer) {
+  send_recv_batch({P2POp{true, peer, const_cast<void*>(data), bytes}});
+}
+
+void ShmGroup::recv(void* data, size_t bytes, int peer) {
+  send_recv_batch({P2POp{false, peer, data, bytes}});
+}
+
+// Each message is an 8-byte length followed by the payload, streamed through
+// the pair's ring buffer.
+void ShmGroup::send_recv_batch(const std::vector<P2POp>& ops) {
+  check_usable("send/recv");
+  for (const P2POp& op : ops) {
+    if (op.peer < 0 || op.peer >= size_ || op.peer == rank_) {
+      throw CommError("axon process group: invalid peer rank " + std::to_string(op.peer) +
+                      " for " + (op.send ? "send" : "recv") + " on rank " +
+                      std::to_string(rank_) + " of a group of size " + std::to_string(size_));
+    }
+  }
+  const size_t cap = config_.p2p_bytes;
+  struct State {
+    size_t done = 0;     // payload bytes moved
+    bool header = false; // length word moved
+  };
+  std::vector<State> st(ops.size());
+  auto copy_ring = [&](char* ring, uint64_t pos, char* dst, const char* src, size_t n, bool in) {
+    // in: src -> ring at pos; else ring at pos -> dst.
+    size_t at = pos % cap;
+    size_t first = std::min(n, cap - at);
+    if (in) {
+      std::memcpy(ring + at, src, first);
+      std::memcpy(ring, src + first, n - first);
+    } else {
+      std::memcpy(dst, ring + at, first);
+      std::memcpy(dst + first, ring, n - first);
+    }
+  };
+  // Ops on the same pair and direction must run in order.
+  auto blocked = [&](size_t i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (ops[j].send == ops[i].send && ops[j].peer == ops[i].peer &&
+          !(st[j].header && st[j].done == ops[j].bytes)) return true;
+    }
+    return false;
+  };
+  auto progress = [&]() -> bool {  // true when all are done
+    bool all = true;
+    bool moved = false;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const P2POp& op = ops[i];
+      State& s = st[i];
+      if (s.header && s.done == op.bytes) continue;
+      if (blocked(i)) { all = false; continue; }
+      if (op.send) {
+        Chan& c = chan(rank_, op.peer);
+        char* ring = chan_buf(rank_, op.peer);
+        uint64_t head = c.head.load(std::memory_order_relaxed);
+        uint64_t tail = c.tail.load(std::memory_order_acquire);
+        size_t space = cap - (head - tail);
+        if (!s.header) {
+          if (space < 8) { all = false; continue; }
+          uint64_t len = op.bytes;
+          copy_ring(ring, head, nullptr, reinterpret_cast<const char*>(&len), 8, true);
+          head += 8;
+          space -= 8;
+          s.header = true;
+        }
+        size_t n = std::min(space, op.bytes - s.done);
+        if (n) copy_ring(ring, head, nullptr, static_cast<const char*>(op.data) + s.done, n, true);
+        head += n;
+        s.done += n;
+        c.head.store(head, std::memory_order_release);
+        moved = true;
+      } else {
+        Chan& c = chan(op.peer, rank_);
+        char* ring = chan_buf(op.peer, rank_);
+        uint64_t tail = c.tail.load(std::memory_order_relaxed);
+        uint64_t head = c.head.load(std::memory_order_acquire);
+        size_t avail = head - tail;
+        if (!s.header) {
+          if (avail < 8) { all = false; continue; }
+          uint64_t len = 0;
+          copy_ring(ring, tail, reinterpret_cast<char*>(&len), nullptr, 8, false);
+          if (len != op.bytes) {
+            fail("axon process group: recv on rank " + std::to_string(rank_) + " expects " +
+                 std::to_string(op.bytes) + " bytes from rank " + std::to_string(op.peer) +
+                 ", which sent " + std::to_string(len) + " (tensor sizes of send and recv differ)");
+          }
+          tail += 8;
+          avail -= 8;
+          s.header = true;
+        }
+        size_t n = std::min(avail, op.bytes - s.done);
+        if (n) copy_ring(ring, tail, static_cast<char*>(op.data) + s.done, nullptr, n, false);
+        tail += n;
+        s.done += n;
+        c.tail.store(tail, std::memory_order_release);
+        moved = true;
+      }
+      if (!(s.header && s.done == op.bytes)) all = false;
+    }
+    if (moved) ring();
+    return all;
+  };
+  std::vector<int> peers;
+  for (const P2POp& op : ops) peers.push_back(op.peer);
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  // Progress until done; wait_for sleeps only when a pass moved nothing.
+  for (;;) {
+    if (progress()) return;
+    uint32_t bell_before = header_->bell.load(std::memory_order_seq_cst);
+    wait_for([&] { return header_->bell.load(std::memory_order_seq_cst) != bell_before; },
+             ops.size() == 1 ? (ops[0].send ? "send" : "recv") : "batch_isend_irecv",
+             [&] { return peers; },
+             "(point-to-point; the peer must post the matching send/recv)");
+  }
+}
+
+// ---------------------------------------------------------------- reference
+
+double memcpy_bandwidth(size_t bytes, int reps) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    auto s = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    std::chrono::duration<double> d = Clock::now() - s;
+    t.push_back(d.count());
+    a[i % bytes] = b[(i * 7) % bytes];
+  }
+  std::sort(t.begin(), t.end());
+  return bytes / t[t.size() / 2];
+}
+
+}  // namespace axon::comm

@@ -1,0 +1,104 @@
+"""Running a function on N ranks for the torch.distributed tests.
+
+``run_ranks(fn, world_size, *args)`` spawns ``world_size`` fresh processes
+(the "spawn" start method: axon, like CUDA, cannot be used in a forked child),
+sets the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT), pins rank r to ``axon:r`` and calls ``fn(rank, world_size,
+*args)``.  ``fn`` must be a module-level function (it is pickled).  What the
+ranks return comes back as a list indexed by rank; an exception in any rank
+fails the test with that rank's traceback.  Ranks that do not finish within
+``timeout`` seconds are killed and the test fails: a hang is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world_size, port, fn, args, env, queue):
+    os.environ.update(env)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    try:
+        import torch
+
+        torch.axon.set_device(rank)
+        result = fn(rank, world_size, *args)
+        queue.put((rank, True, result))
+    except BaseException:  # noqa: BLE001  (reported to the parent)
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def run_ranks(fn, world_size: int, *args, timeout: float = 240.0, env: dict | None = None,
+              allow_failures: bool = False):
+    """Runs fn(rank, world_size, *args) on world_size processes; returns results by rank.
+
+    With allow_failures=True a rank's exception is returned (as its traceback
+    text wrapped in RankFailed) instead of failing, and a rank that exits
+    without reporting yields None: for tests of dying ranks.
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, env or {}, queue),
+                         daemon=False) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, object] = {}
+    import queue as queue_mod
+    import time
+
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                rank, ok, value = queue.get(timeout=min(remaining, 0.5))
+            except queue_mod.Empty:
+                if all(not p.is_alive() for p in procs) and queue.empty():
+                    break
+                continue
+            if not ok and not allow_failures:
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            results[rank] = value if ok else RankFailed(value)
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()) if len(results) == world_size
+                   else 1.0)
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    missing = [r for r in range(world_size) if r not in results]
+    if hung and not allow_failures:
+        raise AssertionError(f"ranks {hung} did not finish within {timeout} s (hang)")
+    if missing and not allow_failures:
+        codes = {r: procs[r].exitcode for r in missing}
+        raise AssertionError(f"ranks {missing} exited without a result (exit codes {codes})")
+    return [results.get(r) for r in range(world_size)]
+
+
+class RankFailed(str):
+    """The traceback text of a rank that raised (run_ranks(allow_failures=True))."""
