@@ -33,8 +33,9 @@ def _autoload() -> None:
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
 
-    from . import integrations
+    from . import distributed, integrations
 
+    distributed.install()
     integrations.install()
 
 

@@ -47,6 +47,7 @@ const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::kBand: return "BAND";
     case ReduceOp::kBor: return "BOR";
     case ReduceOp::kBxor: return "BXOR";
+    case ReduceOp::kPremulSum: return "PREMUL_SUM";
   }
   return "?";
 }
@@ -58,7 +59,7 @@ static bool is_float(DType dt) {
 
 void check_reduce(DType dt, ReduceOp op) {
   bool bitwise = op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
-  if ((bitwise && is_float(dt)) || (op == ReduceOp::kAvg && !is_float(dt))) {
+  if ((bitwise && is_float(dt)) || ((op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) && !is_float(dt))) {
     throw CommError(std::string("axon process group: ReduceOp.") + reduce_op_name(op) +
                     " is not supported for " + dtype_name(dt) + " tensors");
   }
@@ -69,7 +70,7 @@ namespace {
 template <typename T, typename Acc>
 inline void combine(ReduceOp op, Acc* acc, const T* src, size_t n) {
   switch (op) {
-    case ReduceOp::kSum: case ReduceOp::kAvg:
+    case ReduceOp::kSum: case ReduceOp::kAvg: case ReduceOp::kPremulSum:
       for (size_t i = 0; i < n; ++i) acc[i] += static_cast<Acc>(src[i]);
       break;
     case ReduceOp::kProduct:
@@ -101,16 +102,19 @@ inline void combine(ReduceOp op, Acc* acc, const T* src, size_t n) {
 // Same-type reduction (float32/float64/integers): in blocks, so the
 // accumulator stays in L1 and out may alias an input.
 template <typename T>
-void reduce_typed(ReduceOp op, T* out, const void* const* srcs, int nsrc, size_t count) {
+void reduce_typed(ReduceOp op, T* out, const void* const* srcs, int nsrc, size_t count,
+                  double factor) {
   constexpr size_t kBlock = 2048;
   alignas(64) T acc[kBlock];
   for (size_t off = 0; off < count; off += kBlock) {
     size_t n = std::min(kBlock, count - off);
     std::memcpy(acc, static_cast<const T*>(srcs[0]) + off, n * sizeof(T));
     for (int s = 1; s < nsrc; ++s) combine<T, T>(op, acc, static_cast<const T*>(srcs[s]) + off, n);
-    if (op == ReduceOp::kAvg) {
-      if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (op == ReduceOp::kAvg) {
         for (size_t i = 0; i < n; ++i) acc[i] /= static_cast<T>(nsrc);
+      } else if (op == ReduceOp::kPremulSum) {
+        for (size_t i = 0; i < n; ++i) acc[i] *= static_cast<T>(factor);
       }
     }
     std::memcpy(out + off, acc, n * sizeof(T));
@@ -134,7 +138,7 @@ void reduce_bool(ReduceOp op, uint8_t* out, const void* const* srcs, int nsrc, s
 }
 
 void reduce_half(DType dt, ReduceOp op, void* out, const void* const* srcs, int nsrc,
-                 size_t count) {
+                 size_t count, double factor) {
   namespace k = axon::kernels;
   k::DType kdt = dt == DType::kBFloat16 ? k::DType::kBFloat16 : k::DType::kFloat16;
   constexpr size_t kBlock = 2048;
@@ -149,6 +153,8 @@ void reduce_half(DType dt, ReduceOp op, void* out, const void* const* srcs, int 
     }
     if (op == ReduceOp::kAvg) {
       for (size_t i = 0; i < n; ++i) acc[i] /= static_cast<float>(nsrc);
+    } else if (op == ReduceOp::kPremulSum) {
+      for (size_t i = 0; i < n; ++i) acc[i] *= static_cast<float>(factor);
     }
     k::convert_from_float(kdt, acc, n, static_cast<uint16_t*>(out) + off);
   }
@@ -156,19 +162,20 @@ void reduce_half(DType dt, ReduceOp op, void* out, const void* const* srcs, int 
 
 }  // namespace
 
-void reduce(DType dt, ReduceOp op, void* out, const void* const* srcs, int nsrc, size_t count) {
+void reduce(DType dt, ReduceOp op, void* out, const void* const* srcs, int nsrc, size_t count,
+            double factor) {
   check_reduce(dt, op);
   switch (dt) {
-    case DType::kFloat32: return reduce_typed(op, static_cast<float*>(out), srcs, nsrc, count);
-    case DType::kFloat64: return reduce_typed(op, static_cast<double*>(out), srcs, nsrc, count);
-    case DType::kInt8: return reduce_typed(op, static_cast<int8_t*>(out), srcs, nsrc, count);
-    case DType::kUInt8: return reduce_typed(op, static_cast<uint8_t*>(out), srcs, nsrc, count);
-    case DType::kInt16: return reduce_typed(op, static_cast<int16_t*>(out), srcs, nsrc, count);
-    case DType::kInt32: return reduce_typed(op, static_cast<int32_t*>(out), srcs, nsrc, count);
-    case DType::kInt64: return reduce_typed(op, static_cast<int64_t*>(out), srcs, nsrc, count);
+    case DType::kFloat32: return reduce_typed(op, static_cast<float*>(out), srcs, nsrc, count, factor);
+    case DType::kFloat64: return reduce_typed(op, static_cast<double*>(out), srcs, nsrc, count, factor);
+    case DType::kInt8: return reduce_typed(op, static_cast<int8_t*>(out), srcs, nsrc, count, factor);
+    case DType::kUInt8: return reduce_typed(op, static_cast<uint8_t*>(out), srcs, nsrc, count, factor);
+    case DType::kInt16: return reduce_typed(op, static_cast<int16_t*>(out), srcs, nsrc, count, factor);
+    case DType::kInt32: return reduce_typed(op, static_cast<int32_t*>(out), srcs, nsrc, count, factor);
+    case DType::kInt64: return reduce_typed(op, static_cast<int64_t*>(out), srcs, nsrc, count, factor);
     case DType::kBool: return reduce_bool(op, static_cast<uint8_t*>(out), srcs, nsrc, count);
     case DType::kFloat16: case DType::kBFloat16:
-      return reduce_half(dt, op, out, srcs, nsrc, count);
+      return reduce_half(dt, op, out, srcs, nsrc, count, factor);
   }
 }
 

@@ -332,25 +332,26 @@ void ShmGroup::barrier() {
   publish(3);
 }
 
-void ShmGroup::all_reduce(void* data, size_t count, DType dt, ReduceOp op) {
+void ShmGroup::all_reduce(void* data, size_t count, DType dt, ReduceOp op, double factor) {
   check_usable("all_reduce");
   check_reduce(dt, op);
   size_t bytes = count * dtype_size(dt);
   if (size_ == 1) {
-    if (op == ReduceOp::kAvg) {
+    if (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) {
       const void* src = data;
-      axon::comm::reduce(dt, op, data, &src, 1, count);
+      axon::comm::reduce(dt, op, data, &src, 1, count, factor);
     }
     return;
   }
   if (bytes <= config_.small_bytes && bytes <= config_.slot_bytes) {
-    all_reduce_small(static_cast<char*>(data), count, dt, op);
+    all_reduce_small(static_cast<char*>(data), count, dt, op, factor);
   } else {
-    all_reduce_large(static_cast<char*>(data), count, dt, op);
+    all_reduce_large(static_cast<char*>(data), count, dt, op, factor);
   }
 }
 
-void ShmGroup::all_reduce_small(char* data, size_t count, DType dt, ReduceOp op) {
+void ShmGroup::all_reduce_small(char* data, size_t count, DType dt, ReduceOp op,
+                                double factor) {
   begin_step("all_reduce");
   size_t bytes = count * dtype_size(dt);
   std::memcpy(data_slot(rank_), data, bytes);
@@ -358,11 +359,12 @@ void ShmGroup::all_reduce_small(char* data, size_t count, DType dt, ReduceOp op)
   wait_peers(1, "all_reduce");
   std::vector<const void*> srcs(size_);
   for (int r = 0; r < size_; ++r) srcs[r] = data_slot(r);
-  axon::comm::reduce(dt, op, data, srcs.data(), size_, count);
+  axon::comm::reduce(dt, op, data, srcs.data(), size_, count, factor);
   publish(3);
 }
 
-void ShmGroup::all_reduce_large(char* data, size_t count, DType dt, ReduceOp op) {
+void ShmGroup::all_reduce_large(char* data, size_t count, DType dt, ReduceOp op,
+                                double factor) {
   size_t es = dtype_size(dt);
   size_t chunk = config_.slot_bytes / es;  // elements per step
   std::vector<const void*> srcs(size_);
@@ -379,7 +381,7 @@ void ShmGroup::all_reduce_large(char* data, size_t count, DType dt, ReduceOp op)
     size_t lo = std::min(n, per * rank_), hi = std::min(n, lo + per);
     if (hi > lo) {
       for (int r = 0; r < size_; ++r) srcs[r] = data_slot(r) + lo * es;
-      axon::comm::reduce(dt, op, result_slot(rank_) + lo * es, srcs.data(), size_, hi - lo);
+      axon::comm::reduce(dt, op, result_slot(rank_) + lo * es, srcs.data(), size_, hi - lo, factor);
     }
     publish(2);
     wait_peers(2, "all_reduce");
@@ -410,13 +412,14 @@ void ShmGroup::broadcast(void* data, size_t bytes, int root) {
   }
 }
 
-void ShmGroup::reduce(void* data, size_t count, DType dt, ReduceOp op, int root) {
+void ShmGroup::reduce(void* data, size_t count, DType dt, ReduceOp op, int root,
+                      double factor) {
   check_usable("reduce");
   check_reduce(dt, op);
   if (size_ == 1) {
-    if (op == ReduceOp::kAvg) {
+    if (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) {
       const void* src = data;
-      axon::comm::reduce(dt, op, data, &src, 1, count);
+      axon::comm::reduce(dt, op, data, &src, 1, count, factor);
     }
     return;
   }
@@ -432,7 +435,7 @@ void ShmGroup::reduce(void* data, size_t count, DType dt, ReduceOp op, int root)
     if (rank_ == root) {
       wait_peers(1, "reduce");
       for (int r = 0; r < size_; ++r) srcs[r] = data_slot(r);
-      axon::comm::reduce(dt, op, p + off * es, srcs.data(), size_, n);
+      axon::comm::reduce(dt, op, p + off * es, srcs.data(), size_, n, factor);
     }
     publish(3);
   }
@@ -509,12 +512,12 @@ void ShmGroup::scatter(const void* const* inputs, size_t bytes, void* output, in
 }
 
 void ShmGroup::reduce_scatter(const void* const* inputs, void* output, size_t count, DType dt,
-                              ReduceOp op) {
+                              ReduceOp op, double factor) {
   check_usable("reduce_scatter");
   check_reduce(dt, op);
   size_t es = dtype_size(dt);
   if (size_ == 1) {
-    axon::comm::reduce(dt, op, output, inputs, 1, count);
+    axon::comm::reduce(dt, op, output, inputs, 1, count, factor);
     return;
   }
   size_t chunk = std::max<size_t>(1, config_.slot_bytes / size_ / es);  // elements per rank
@@ -529,7 +532,7 @@ void ShmGroup::reduce_scatter(const void* const* inputs, void* output, size_t co
     publish(1);
     wait_peers(1, "reduce_scatter");
     for (int r = 0; r < size_; ++r) srcs[r] = data_slot(r) + rank_ * chunk * es;
-    if (n) axon::comm::reduce(dt, op, static_cast<char*>(output) + off * es, srcs.data(), size_, n);
+    if (n) axon::comm::reduce(dt, op, static_cast<char*>(output) + off * es, srcs.data(), size_, n, factor);
     publish(3);
     if (count == 0) break;
   }

@@ -6,6 +6,7 @@
 
 #include "../core/StreamWork.h"
 #include "Inductor.h"
+#include "../distributed/ProcessGroupAxon.h"
 #include "../aten/Fallback.h"
 #include "../core/AxonGenerator.h"
 #include "../core/AxonRuntime.h"
@@ -93,4 +94,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_test_inject_async_error", &inject_async_error);
   m.def("_test_sleep_on_stream", &sleep_on_stream);
   initInductorBindings(m);
+  initDistributedBindings(m);
 }

@@ -42,7 +42,9 @@ class CommError : public std::runtime_error {
 
 enum class DType : int { kFloat32, kFloat64, kFloat16, kBFloat16, kInt8, kUInt8,
                          kInt16, kInt32, kInt64, kBool };
-enum class ReduceOp : int { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor };
+// kPremulSum: the sum times a factor (c10d's PREMUL_SUM), applied to the
+// float accumulator after summing.
+enum class ReduceOp : int { kSum, kAvg, kProduct, kMin, kMax, kBand, kBor, kBxor, kPremulSum };
 
 size_t dtype_size(DType dt);
 const char* dtype_name(DType dt);
@@ -53,7 +55,8 @@ void check_reduce(DType dt, ReduceOp op);
 // out[i] = srcs[0][i] op srcs[1][i] op ... (in that order, so every rank that
 // reduces the same inputs gets the same bits); bfloat16/float16 accumulate in
 // float32.  kAvg divides the sum by nsrc.  out may alias srcs[k].
-void reduce(DType dt, ReduceOp op, void* out, const void* const* srcs, int nsrc, size_t count);
+void reduce(DType dt, ReduceOp op, void* out, const void* const* srcs, int nsrc, size_t count,
+            double factor = 1.0);
 
 struct Config {
   size_t slot_bytes = size_t{4} << 20;    // per rank and buffer (x2 buffers, x2 data/result)
@@ -92,10 +95,10 @@ class ShmGroup {
 
   void barrier();
   // In place: data holds this rank's input and receives the result.
-  void all_reduce(void* data, size_t count, DType dt, ReduceOp op);
+  void all_reduce(void* data, size_t count, DType dt, ReduceOp op, double factor = 1.0);
   void broadcast(void* data, size_t bytes, int root);
   // The result lands in data on root only; other ranks' data is unchanged.
-  void reduce(void* data, size_t count, DType dt, ReduceOp op, int root);
+  void reduce(void* data, size_t count, DType dt, ReduceOp op, int root, double factor = 1.0);
   // outputs[r] receives rank r's `bytes` bytes of input (outputs[rank] may be input).
   void all_gather(const void* input, size_t bytes, void* const* outputs);
   // gather: like all_gather, but only root's outputs are written (others may pass null).
@@ -105,7 +108,7 @@ class ShmGroup {
   // inputs[r] is this rank's contribution to rank r (count elements each);
   // output receives the reduction over ranks of their inputs[rank].
   void reduce_scatter(const void* const* inputs, void* output, size_t count, DType dt,
-                      ReduceOp op);
+                      ReduceOp op, double factor = 1.0);
   // inputs[r] (send_bytes[r]) goes to rank r, arriving in its outputs[rank];
   // recv_bytes[r] must equal what rank r sends here.
   void all_to_all(const void* const* inputs, const size_t* send_bytes, void* const* outputs,
@@ -139,8 +142,8 @@ class ShmGroup {
                 const std::function<std::vector<int>()>& waiting_for, const std::string& what);
   bool peer_alive(int r) const;
 
-  void all_reduce_small(char* data, size_t count, DType dt, ReduceOp op);
-  void all_reduce_large(char* data, size_t count, DType dt, ReduceOp op);
+  void all_reduce_small(char* data, size_t count, DType dt, ReduceOp op, double factor);
+  void all_reduce_large(char* data, size_t count, DType dt, ReduceOp op, double factor);
 
   Chan& chan(int from, int to) const;
   char* chan_buf(int from, int to) const;

@@ -1,0 +1,877 @@
+// ProcessGroupAxon (see ProcessGroupAxon.h).
+#include "ProcessGroupAxon.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <pybind11/chrono.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <axon/comm.h>
+
+#include "../core/AxonRuntime.h"
+#include "../core/AxonStream.h"
+#include "../core/CachingAllocator.h"
+
+namespace at::axon {
+namespace {
+
+namespace comm = ::axon::comm;
+using c10d::OpType;
+
+constexpr const char* kBackendName = "axon";
+
+// What a collective's stream work reports back.
+struct OpState {
+  std::mutex mu;
+  std::string error;
+  void set_error(const std::string& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (error.empty()) error = e;
+  }
+  std::string get_error() {
+    std::lock_guard<std::mutex> lock(mu);
+    return error;
+  }
+};
+
+[[noreturn]] void throw_dist_error(const std::string& message) {
+  C10_THROW_ERROR(DistBackendError, message);
+}
+
+class WorkAxon : public c10d::Work {
+ public:
+  WorkAxon(int rank, OpType type, const char* profiling_title, c10::DeviceIndex device,
+           std::shared_ptr<OpState> state, c10::Event end,
+           c10::intrusive_ptr<c10::ivalue::Future> future, std::vector<at::Tensor> outputs)
+      : c10d::Work(rank, type, profiling_title),
+        device_(device),
+        state_(std::move(state)),
+        end_(std::move(end)),
+        future_(std::move(future)),
+        outputs_(std::move(outputs)) {}
+
+  bool isCompleted() override { return end_.query(); }
+
+  bool isSuccess() const override {
+    return const_cast<c10::Event&>(end_).query() && state_->get_error().empty();
+  }
+
+  std::exception_ptr exception() const override {
+    std::string e = state_->get_error();
+    if (e.empty()) return nullptr;
+    return std::make_exception_ptr(c10::DistBackendError(
+        c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, e));
+  }
+
+  std::vector<at::Tensor> result() override { return outputs_; }
+
+  // Orders the caller's current stream after the collective (no host wait).
+  // If the collective fails, the error is raised by stream work queued behind
+  // it, so it surfaces at the caller's next synchronisation.
+  bool wait(std::chrono::milliseconds /*timeout*/) override {
+    std::string e = state_->get_error();
+    if (!e.empty()) throw_dist_error(e);
+    c10::Stream current = getCurrentAxonStream(device_);
+    end_.block(current);
+    auto state = state_;
+    rt_call([&] {
+      ::axon::rt::launch(to_rt(current), "c10d::wait (axon)", [state] {
+        std::string err = state->get_error();
+        if (!err.empty()) throw std::runtime_error(err);
+      });
+    });
+    return true;
+  }
+
+  void synchronize() override { wait(kNoTimeout); }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  // Blocks the host until the collective ran; raises its error.
+  void hostWait() {
+    try {
+      end_.synchronize();
+    } catch (const std::exception&) {
+      // The communication stream's pending error is the collective's.
+    }
+    std::string e = state_->get_error();
+    if (!e.empty()) throw_dist_error(e);
+  }
+
+ private:
+  c10::DeviceIndex device_;
+  std::shared_ptr<OpState> state_;
+  c10::Event end_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::vector<at::Tensor> outputs_;
+};
+
+comm::DType to_comm(at::ScalarType t, const char* op) {
+  switch (t) {
+    case at::kFloat: return comm::DType::kFloat32;
+    case at::kDouble: return comm::DType::kFloat64;
+    case at::kHalf: return comm::DType::kFloat16;
+    case at::kBFloat16: return comm::DType::kBFloat16;
+    case at::kChar: return comm::DType::kInt8;
+    case at::kByte: return comm::DType::kUInt8;
+    case at::kShort: return comm::DType::kInt16;
+    case at::kInt: return comm::DType::kInt32;
+    case at::kLong: return comm::DType::kInt64;
+    case at::kBool: return comm::DType::kBool;
+    case at::kComplexFloat: return comm::DType::kFloat32;   // as (re, im) pairs
+    case at::kComplexDouble: return comm::DType::kFloat64;
+    default:
+      TORCH_CHECK_TYPE(false, "ProcessGroupAxon: ", op, " does not support tensors of dtype ", t);
+  }
+}
+
+// Elements as the transport counts them (complex: two reals).
+size_t comm_count(const at::Tensor& t) {
+  return static_cast<size_t>(t.numel()) * (t.is_complex() ? 2 : 1);
+}
+
+struct Reduction {
+  comm::ReduceOp op;
+  double factor = 1.0;
+};
+
+Reduction to_comm(const c10d::ReduceOp& op, const at::Tensor& t, const char* name) {
+  using R = c10d::ReduceOp;
+  Reduction r;
+  switch (op.op_) {
+    case R::SUM: r.op = comm::ReduceOp::kSum; break;
+    case R::AVG: r.op = comm::ReduceOp::kAvg; break;
+    case R::PRODUCT: r.op = comm::ReduceOp::kProduct; break;
+    case R::MIN: r.op = comm::ReduceOp::kMin; break;
+    case R::MAX: r.op = comm::ReduceOp::kMax; break;
+    case R::BAND: r.op = comm::ReduceOp::kBand; break;
+    case R::BOR: r.op = comm::ReduceOp::kBor; break;
+    case R::BXOR: r.op = comm::ReduceOp::kBxor; break;
+    case R::PREMUL_SUM: {
+      r.op = comm::ReduceOp::kPremulSum;
+      auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      TORCH_CHECK(s != nullptr, "ProcessGroupAxon: PREMUL_SUM without a factor");
+      r.factor = s->tensor_factor.defined() ? s->tensor_factor.to(at::kCPU).item<double>()
+                                            : s->double_factor;
+      break;
+    }
+    default:
+      TORCH_CHECK(false, "ProcessGroupAxon: ", name, " does not support this ReduceOp");
+  }
+  if (t.is_complex()) {
+    TORCH_CHECK(r.op == comm::ReduceOp::kSum || r.op == comm::ReduceOp::kAvg ||
+                    r.op == comm::ReduceOp::kPremulSum,
+                "ProcessGroupAxon: ", name, " of complex tensors supports only SUM and AVG");
+  }
+  try {
+    comm::check_reduce(to_comm(t.scalar_type(), name), r.op);
+  } catch (const comm::CommError& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  return r;
+}
+
+char* ptr(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+size_t nbytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
+
+comm::Config config_from_env(std::chrono::milliseconds timeout) {
+  comm::Config c;
+  auto read = [](const char* name, size_t fallback) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return fallback;
+    return static_cast<size_t>(std::strtoull(v, nullptr, 10));
+  };
+  c.slot_bytes = read("AXON_COMM_SLOT_BYTES", c.slot_bytes);
+  c.p2p_bytes = read("AXON_COMM_P2P_BYTES", c.p2p_bytes);
+  c.small_bytes = read("AXON_COMM_SMALL_BYTES", c.small_bytes);
+  c.timeout = timeout;
+  return c;
+}
+
+// A collective as queued while coalescing, or run at once.
+struct Op {
+  const char* name;
+  bool p2p = false;
+  comm::P2POp p2p_op{};
+  std::function<void(comm::ShmGroup&)> fn;
+};
+
+class ProcessGroupAxon : public c10d::Backend {
+ public:
+  ProcessGroupAxon(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                   std::chrono::milliseconds timeout)
+      : c10d::Backend(rank, size), timeout_(timeout) {
+    TORCH_CHECK(store, "ProcessGroupAxon needs a store");
+    std::string name;
+    static std::atomic<int> counter{0};
+    if (rank == 0) {
+      std::random_device rd;
+      name = "axon-pg-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
+             std::to_string(rd());
+    }
+    comm::Config config = config_from_env(timeout);
+    try {
+      if (rank == 0) {
+        shm_ = std::make_shared<comm::ShmGroup>(name, rank, size, config);
+        store->set("axon_shm_name", std::vector<uint8_t>(name.begin(), name.end()));
+      } else {
+        auto bytes = store->get("axon_shm_name");
+        name.assign(bytes.begin(), bytes.end());
+        shm_ = std::make_shared<comm::ShmGroup>(name, rank, size, config);
+      }
+      shm_->attach_all();
+    } catch (const comm::CommError& e) {
+      throw_dist_error(e.what());
+    }
+  }
+
+  ~ProcessGroupAxon() override {
+    // Stream work holds the transport; let it finish before the group goes.
+    for (auto& [dev, stream] : streams_) {
+      try {
+        ::axon::rt::stream_synchronize(to_rt(stream));
+      } catch (...) {
+      }
+    }
+  }
+
+  const std::string getBackendName() const override { return kBackendName; }
+
+  bool supportsCoalescing() const override { return true; }
+
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+
+  // ------------------------------------------------------------ collectives
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    const char* op = "broadcast";
+    at::Tensor t = single(tensors, op);
+    check_root(opts.rootRank, op);
+    char* p = ptr(t);
+    size_t n = nbytes(t);
+    int root = static_cast<int>(opts.rootRank);
+    return enqueue(OpType::BROADCAST, op, {t}, {t}, [=](comm::ShmGroup& g) {
+      g.broadcast(p, n, root);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    const char* op = "all_reduce";
+    at::Tensor t = single(tensors, op);
+    TORCH_CHECK(!opts.sparseIndices.has_value() && t.layout() == at::kStrided,
+                "ProcessGroupAxon: all_reduce does not support sparse tensors");
+    Reduction r = to_comm(opts.reduceOp, t, op);
+    comm::DType dt = to_comm(t.scalar_type(), op);
+    char* p = ptr(t);
+    size_t n = comm_count(t);
+    return enqueue(OpType::ALLREDUCE, op, {t}, {t}, [=](comm::ShmGroup& g) {
+      g.all_reduce(p, n, dt, r.op, r.factor);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
+    const char* op = "all_reduce_coalesced";
+    TORCH_CHECK(!tensors.empty(), "ProcessGroupAxon: ", op, " needs at least one tensor");
+    std::vector<std::tuple<char*, size_t, comm::DType, Reduction>> parts;
+    for (auto& t : tensors) {
+      check_tensor(t, op);
+      parts.emplace_back(ptr(t), comm_count(t), to_comm(t.scalar_type(), op),
+                         to_comm(opts.reduceOp, t, op));
+    }
+    return enqueue(OpType::ALLREDUCE_COALESCED, op, tensors, tensors,
+                   [parts](comm::ShmGroup& g) {
+                     for (auto& [p, n, dt, r] : parts) g.all_reduce(p, n, dt, r.op, r.factor);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override {
+    const char* op = "reduce";
+    at::Tensor t = single(tensors, op);
+    check_root(opts.rootRank, op);
+    Reduction r = to_comm(opts.reduceOp, t, op);
+    comm::DType dt = to_comm(t.scalar_type(), op);
+    char* p = ptr(t);
+    size_t n = comm_count(t);
+    int root = static_cast<int>(opts.rootRank);
+    return enqueue(OpType::REDUCE, op, {t}, {t}, [=](comm::ShmGroup& g) {
+      g.reduce(p, n, dt, r.op, root, r.factor);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions&) override {
+    const char* op = "all_gather";
+    at::Tensor in = single(inputs, op);
+    TORCH_CHECK(outputs.size() == 1, "ProcessGroupAxon: ", op, " takes one output list");
+    auto& outs = outputs[0];
+    check_list(outs, in, op, "output");
+    std::vector<void*> dst;
+    for (auto& o : outs) dst.push_back(ptr(o));
+    const char* src = ptr(in);
+    size_t n = nbytes(in);
+    std::vector<at::Tensor> all = outs;
+    all.push_back(in);
+    return enqueue(OpType::ALLGATHER, op, all, outs, [=](comm::ShmGroup& g) {
+      g.all_gather(src, n, dst.data());
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions&) override {
+    const char* op = "all_gather_into_tensor";
+    check_tensor(input, op);
+    check_tensor(output, op);
+    check_same_dtype(input, output, op);
+    TORCH_CHECK(output.numel() == input.numel() * getSize(), "ProcessGroupAxon: ", op,
+                ": output tensor size must be equal to world_size times input tensor size (",
+                output.numel(), " vs ", getSize(), " x ", input.numel(), ")");
+    size_t n = nbytes(input);
+    std::vector<void*> dst;
+    for (int r = 0; r < getSize(); ++r) dst.push_back(ptr(output) + r * n);
+    const char* src = ptr(input);
+    return enqueue(OpType::_ALLGATHER_BASE, op, {input, output}, {output},
+                   [=](comm::ShmGroup& g) { g.all_gather(src, n, dst.data()); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions&) override {
+    const char* op = "all_gather_into_tensor_coalesced";
+    TORCH_CHECK(outputs.size() == inputs.size(), "ProcessGroupAxon: ", op,
+                ": as many outputs as inputs are needed");
+    std::vector<std::pair<const char*, std::vector<void*>>> parts;
+    std::vector<size_t> sizes;
+    std::vector<at::Tensor> all;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_tensor(inputs[i], op);
+      check_tensor(outputs[i], op);
+      check_same_dtype(inputs[i], outputs[i], op);
+      TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize(), "ProcessGroupAxon: ", op,
+                  ": output tensor size must be equal to world_size times input tensor size");
+      size_t n = nbytes(inputs[i]);
+      std::vector<void*> dst;
+      for (int r = 0; r < getSize(); ++r) dst.push_back(ptr(outputs[i]) + r * n);
+      parts.emplace_back(ptr(inputs[i]), std::move(dst));
+      sizes.push_back(n);
+      all.push_back(inputs[i]);
+      all.push_back(outputs[i]);
+    }
+    return enqueue(OpType::COALESCED, op, all, outputs, [=](comm::ShmGroup& g) {
+      for (size_t i = 0; i < parts.size(); ++i) {
+        g.all_gather(parts[i].first, sizes[i], parts[i].second.data());
+      }
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions&) override {
+    const char* op = "all_gather_coalesced";
+    TORCH_CHECK(outputs.size() == inputs.size(), "ProcessGroupAxon: ", op,
+                ": as many output lists as inputs are needed");
+    std::vector<std::pair<const char*, std::vector<void*>>> parts;
+    std::vector<size_t> sizes;
+    std::vector<at::Tensor> all, outs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_tensor(inputs[i], op);
+      check_list(outputs[i], inputs[i], op, "output");
+      std::vector<void*> dst;
+      for (auto& o : outputs[i]) {
+        dst.push_back(ptr(o));
+        all.push_back(o);
+        outs.push_back(o);
+      }
+      parts.emplace_back(ptr(inputs[i]), std::move(dst));
+      sizes.push_back(nbytes(inputs[i]));
+      all.push_back(inputs[i]);
+    }
+    return enqueue(OpType::ALLGATHER_COALESCED, op, all, outs, [=](comm::ShmGroup& g) {
+      for (size_t i = 0; i < parts.size(); ++i) {
+        g.all_gather(parts[i].first, sizes[i], parts[i].second.data());
+      }
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    const char* op = "gather";
+    at::Tensor in = single(inputs, op);
+    check_root(opts.rootRank, op);
+    int root = static_cast<int>(opts.rootRank);
+    std::vector<void*> dst(getSize(), nullptr);
+    std::vector<at::Tensor> all = {in}, outs;
+    if (getRank() == root) {
+      TORCH_CHECK(outputs.size() == 1, "ProcessGroupAxon: gather: requires a single-element "
+                  "output list on the root");
+      check_list(outputs[0], in, op, "output");
+      for (int r = 0; r < getSize(); ++r) dst[r] = ptr(outputs[0][r]);
+      all.insert(all.end(), outputs[0].begin(), outputs[0].end());
+      outs = outputs[0];
+    } else {
+      TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                  "ProcessGroupAxon: gather: requires empty output on non-root");
+    }
+    const char* src = ptr(in);
+    size_t n = nbytes(in);
+    return enqueue(OpType::GATHER, op, all, outs, [=](comm::ShmGroup& g) {
+      g.gather(src, n, dst.data(), root);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    const char* op = "scatter";
+    at::Tensor out = single(outputs, op);
+    check_root(opts.rootRank, op);
+    int root = static_cast<int>(opts.rootRank);
+    std::vector<const void*> src(getSize(), nullptr);
+    std::vector<at::Tensor> all = {out};
+    if (getRank() == root) {
+      TORCH_CHECK(inputs.size() == 1, "ProcessGroupAxon: scatter: requires a single-element "
+                  "input list on the root");
+      check_list(inputs[0], out, op, "input");
+      for (int r = 0; r < getSize(); ++r) src[r] = ptr(inputs[0][r]);
+      all.insert(all.end(), inputs[0].begin(), inputs[0].end());
+    } else {
+      TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                  "ProcessGroupAxon: scatter: requires empty input on non-root");
+    }
+    char* dst = ptr(out);
+    size_t n = nbytes(out);
+    return enqueue(OpType::SCATTER, op, all, {out}, [=](comm::ShmGroup& g) {
+      g.scatter(src.data(), n, dst, root);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    const char* op = "reduce_scatter";
+    at::Tensor out = single(outputs, op);
+    TORCH_CHECK(inputs.size() == 1, "ProcessGroupAxon: ", op, " takes one input list");
+    check_list(inputs[0], out, op, "input");
+    Reduction r = to_comm(opts.reduceOp, out, op);
+    comm::DType dt = to_comm(out.scalar_type(), op);
+    std::vector<const void*> src;
+    for (auto& t : inputs[0]) src.push_back(ptr(t));
+    std::vector<at::Tensor> all = inputs[0];
+    all.push_back(out);
+    char* dst = ptr(out);
+    size_t n = comm_count(out);
+    return enqueue(OpType::REDUCE_SCATTER, op, all, {out}, [=](comm::ShmGroup& g) {
+      g.reduce_scatter(src.data(), dst, n, dt, r.op, r.factor);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
+    const char* op = "reduce_scatter_tensor";
+    check_tensor(input, op);
+    check_tensor(output, op);
+    check_same_dtype(input, output, op);
+    TORCH_CHECK(input.numel() == output.numel() * getSize(), "ProcessGroupAxon: ", op,
+                ": input tensor must be the same size as output size times world size (",
+                input.numel(), " vs ", output.numel(), " x ", getSize(), ")");
+    Reduction r = to_comm(opts.reduceOp, output, op);
+    comm::DType dt = to_comm(output.scalar_type(), op);
+    size_t n = comm_count(output);
+    size_t step = nbytes(output);
+    std::vector<const void*> src;
+    for (int q = 0; q < getSize(); ++q) src.push_back(ptr(input) + q * step);
+    char* dst = ptr(output);
+    return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {input, output}, {output},
+                   [=](comm::ShmGroup& g) { g.reduce_scatter(src.data(), dst, n, dt, r.op, r.factor); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    const char* op = "reduce_scatter_tensor_coalesced";
+    TORCH_CHECK(outputs.size() == inputs.size(), "ProcessGroupAxon: ", op,
+                ": as many outputs as inputs are needed");
+    struct Part {
+      std::vector<const void*> src;
+      char* dst;
+      size_t n;
+      comm::DType dt;
+      Reduction r;
+    };
+    std::vector<Part> parts;
+    std::vector<at::Tensor> all;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_tensor(inputs[i], op);
+      check_tensor(outputs[i], op);
+      check_same_dtype(inputs[i], outputs[i], op);
+      TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize(), "ProcessGroupAxon: ", op,
+                  ": input tensor must be the same size as output size times world size");
+      Part p;
+      size_t step = nbytes(outputs[i]);
+      for (int q = 0; q < getSize(); ++q) p.src.push_back(ptr(inputs[i]) + q * step);
+      p.dst = ptr(outputs[i]);
+      p.n = comm_count(outputs[i]);
+      p.dt = to_comm(outputs[i].scalar_type(), op);
+      p.r = to_comm(opts.reduceOp, outputs[i], op);
+      parts.push_back(std::move(p));
+      all.push_back(inputs[i]);
+      all.push_back(outputs[i]);
+    }
+    return enqueue(OpType::COALESCED, op, all, outputs, [parts](comm::ShmGroup& g) {
+      for (auto& p : parts) g.reduce_scatter(p.src.data(), p.dst, p.n, p.dt, p.r.op, p.r.factor);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions&) override {
+    const char* op = "all_to_all_single";
+    check_tensor(input, op);
+    check_tensor(output, op);
+    check_same_dtype(input, output, op);
+    int n = getSize();
+    auto splits = [&](const at::Tensor& t, const std::vector<int64_t>& sizes, const char* what) {
+      std::vector<size_t> bytes(n);
+      int64_t rows = t.dim() > 0 ? t.size(0) : 1;
+      int64_t row_bytes = rows > 0 ? nbytes(t) / rows : 0;
+      if (sizes.empty()) {
+        TORCH_CHECK(rows % n == 0, "ProcessGroupAxon: ", op, ": the ", what,
+                    " tensor's first dimension (", rows, ") must divide by world size ", n);
+        for (auto& b : bytes) b = static_cast<size_t>(rows / n * row_bytes);
+      } else {
+        TORCH_CHECK(static_cast<int>(sizes.size()) == n, "ProcessGroupAxon: ", op, ": ", what,
+                    " split sizes must have world size (", n, ") entries, got ", sizes.size());
+        int64_t total = 0;
+        for (int r = 0; r < n; ++r) {
+          TORCH_CHECK(sizes[r] >= 0, "ProcessGroupAxon: ", op, ": negative split size");
+          bytes[r] = static_cast<size_t>(sizes[r] * row_bytes);
+          total += sizes[r];
+        }
+        TORCH_CHECK(total == rows, "ProcessGroupAxon: ", op, ": ", what, " split sizes sum to ",
+                    total, " but the tensor's first dimension is ", rows);
+      }
+      return bytes;
+    };
+    std::vector<size_t> sb = splits(input, input_split_sizes, "input");
+    std::vector<size_t> rb = splits(output, output_split_sizes, "output");
+    std::vector<const void*> src(n);
+    std::vector<void*> dst(n);
+    size_t so = 0, ro = 0;
+    for (int r = 0; r < n; ++r) {
+      src[r] = ptr(input) + so;
+      dst[r] = ptr(output) + ro;
+      so += sb[r];
+      ro += rb[r];
+    }
+    return enqueue(OpType::ALLTOALL_BASE, op, {input, output}, {output},
+                   [=](comm::ShmGroup& g) { g.all_to_all(src.data(), sb.data(), dst.data(), rb.data()); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions&) override {
+    const char* op = "all_to_all";
+    int n = getSize();
+    TORCH_CHECK(static_cast<int>(inputs.size()) == n && static_cast<int>(outputs.size()) == n,
+                "ProcessGroupAxon: ", op, ": input and output lists must have world size (", n,
+                ") tensors");
+    std::vector<const void*> src(n);
+    std::vector<void*> dst(n);
+    std::vector<size_t> sb(n), rb(n);
+    std::vector<at::Tensor> all;
+    for (int r = 0; r < n; ++r) {
+      check_tensor(inputs[r], op);
+      check_tensor(outputs[r], op);
+      check_same_dtype(inputs[r], inputs[0], op);
+      check_same_dtype(outputs[r], inputs[0], op);
+      src[r] = ptr(inputs[r]);
+      dst[r] = ptr(outputs[r]);
+      sb[r] = nbytes(inputs[r]);
+      rb[r] = nbytes(outputs[r]);
+      all.push_back(inputs[r]);
+      all.push_back(outputs[r]);
+    }
+    return enqueue(OpType::ALLTOALL, op, all, outputs, [=](comm::ShmGroup& g) {
+      g.all_to_all(src.data(), sb.data(), dst.data(), rb.data());
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
+                                      int /*tag*/) override {
+    const char* op = "send";
+    at::Tensor t = single(tensors, op);
+    check_peer(dst, op);
+    Op o{op, true, comm::P2POp{true, dst, ptr(t), nbytes(t)}, nullptr};
+    return enqueue(OpType::SEND, op, {t}, {}, std::move(o));
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
+                                      int /*tag*/) override {
+    const char* op = "recv";
+    at::Tensor t = single(tensors, op);
+    check_peer(src, op);
+    Op o{op, true, comm::P2POp{false, src, ptr(t), nbytes(t)}, nullptr};
+    return enqueue(OpType::RECV, op, {t}, {t}, std::move(o));
+  }
+
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
+    TORCH_CHECK(false, "ProcessGroupAxon does not support recv from any source; pass src");
+  }
+
+  // Blocks the host until every rank arrived (like NCCL's barrier, which
+  // synchronises the device).
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    const char* op = "barrier";
+    c10::DeviceIndex device = opts.device.has_value() && opts.device->type() == kAxon
+                                  ? resolve_index(*opts.device)
+                                  : (device_ >= 0 ? device_ : current_device());
+    auto work = enqueue_on(device, OpType::BARRIER, op, {}, {},
+                           Op{op, false, {}, [](comm::ShmGroup& g) { g.barrier(); }});
+    if (!coalescing_) static_cast<WorkAxon*>(work.get())->hostWait();
+    return work;
+  }
+
+  void startCoalescing() override {
+    TORCH_CHECK(!coalescing_, "ProcessGroupAxon: coalescing already started");
+    coalescing_ = true;
+    coalesced_.clear();
+    coalesced_tensors_.clear();
+    coalesced_outputs_.clear();
+  }
+
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+    TORCH_CHECK(coalescing_, "ProcessGroupAxon: endCoalescing without startCoalescing");
+    coalescing_ = false;
+    std::vector<Op> ops = std::move(coalesced_);
+    coalesced_.clear();
+    c10::DeviceIndex device = device_ >= 0 ? device_ : current_device();
+    Op all{"coalesced", false, {}, [ops](comm::ShmGroup& g) {
+      // Consecutive point-to-point operations progress together.
+      std::vector<comm::P2POp> batch;
+      for (const Op& o : ops) {
+        if (o.p2p) {
+          batch.push_back(o.p2p_op);
+          continue;
+        }
+        if (!batch.empty()) {
+          g.send_recv_batch(batch);
+          batch.clear();
+        }
+        o.fn(g);
+      }
+      if (!batch.empty()) g.send_recv_batch(batch);
+    }};
+    return enqueue_on(device, OpType::COALESCED, "coalesced", std::move(coalesced_tensors_),
+                      std::move(coalesced_outputs_), std::move(all));
+  }
+
+  // Test hook: the name of the communication stream's runtime stream.
+  int64_t commStreamId(c10::DeviceIndex device) { return commStream(device).id(); }
+
+ private:
+  // ------------------------------------------------------------ checks
+
+  void check_tensor(const at::Tensor& t, const char* op) {
+    TORCH_CHECK(t.defined(), "ProcessGroupAxon: ", op, ": undefined tensor");
+    TORCH_CHECK(t.device().type() == kAxon, "ProcessGroupAxon: ", op,
+                ": all tensors must be on an axon device, but one is on ", t.device(),
+                " (use a \"cpu:gloo,axon:axon\" group for CPU tensors)");
+    TORCH_CHECK(t.layout() == at::kStrided, "ProcessGroupAxon: ", op,
+                " does not support sparse tensors");
+    TORCH_CHECK(t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast) ||
+                    t.is_contiguous(at::MemoryFormat::ChannelsLast3d),
+                "ProcessGroupAxon: ", op, ": tensors must be contiguous");
+    (void)to_comm(t.scalar_type(), op);
+    c10::DeviceIndex d = t.device().index();
+    if (device_ < 0) device_ = d;
+    TORCH_CHECK(d == device_, "ProcessGroupAxon: ", op, ": this process group runs on axon:",
+                static_cast<int>(device_), " but a tensor is on axon:", static_cast<int>(d),
+                " (one device per rank and group; call torch.axon.set_device(local_rank) "
+                "before the first collective)");
+  }
+
+  void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op) {
+    TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(), "ProcessGroupAxon: ", op,
+                     ": tensors must have the same dtype, got ", a.scalar_type(), " and ",
+                     b.scalar_type());
+  }
+
+  at::Tensor single(std::vector<at::Tensor>& ts, const char* op) {
+    TORCH_CHECK(ts.size() == 1, "ProcessGroupAxon: ", op,
+                " takes exactly one tensor per rank (one device per process), got ", ts.size());
+    check_tensor(ts[0], op);
+    return ts[0];
+  }
+
+  void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, const char* op,
+                  const char* what) {
+    TORCH_CHECK(static_cast<int>(list.size()) == getSize(), "ProcessGroupAxon: ", op, ": the ",
+                what, " list must have world size (", getSize(), ") tensors, got ",
+                list.size());
+    for (const auto& t : list) {
+      check_tensor(t, op);
+      check_same_dtype(t, like, op);
+      TORCH_CHECK(t.numel() == like.numel(), "ProcessGroupAxon: ", op, ": every ", what,
+                  " tensor must have ", like.numel(), " elements, got ", t.numel());
+    }
+  }
+
+  void check_root(int64_t root, const char* op) {
+    TORCH_CHECK(root >= 0 && root < getSize(), "ProcessGroupAxon: ", op, ": invalid root rank ",
+                root, " for a group of size ", getSize());
+  }
+
+  void check_peer(int peer, const char* op) {
+    TORCH_CHECK(peer >= 0 && peer < getSize() && peer != getRank(), "ProcessGroupAxon: ", op,
+                ": invalid peer rank ", peer, " (rank ", getRank(), " of ", getSize(), ")");
+  }
+
+  // ------------------------------------------------------------ streams
+
+  c10::Stream commStream(c10::DeviceIndex device) {
+    auto it = streams_.find(device);
+    if (it != streams_.end()) return it->second;
+    c10::Stream s = getStreamFromPool(device, 0);
+    streams_.emplace(device, s);
+    return s;
+  }
+
+  c10::intrusive_ptr<c10d::Work> enqueue(OpType type, const char* name,
+                                         std::vector<at::Tensor> tensors,
+                                         std::vector<at::Tensor> outputs,
+                                         std::function<void(comm::ShmGroup&)> fn) {
+    return enqueue(type, name, std::move(tensors), std::move(outputs),
+                   Op{name, false, {}, std::move(fn)});
+  }
+
+  c10::intrusive_ptr<c10d::Work> enqueue(OpType type, const char* name,
+                                         std::vector<at::Tensor> tensors,
+                                         std::vector<at::Tensor> outputs, Op op) {
+    c10::DeviceIndex device = device_ >= 0 ? device_ : current_device();
+    return enqueue_on(device, type, name, std::move(tensors), std::move(outputs), std::move(op));
+  }
+
+  c10::intrusive_ptr<c10d::Work> enqueue_on(c10::DeviceIndex device, OpType type,
+                                            const char* name, std::vector<at::Tensor> tensors,
+                                            std::vector<at::Tensor> outputs, Op op) {
+    if (!shm_->broken().empty()) {
+      throw_dist_error(std::string("ProcessGroupAxon: cannot run ") + name +
+                       ": the process group failed earlier: " + shm_->broken());
+    }
+    if (coalescing_) {
+      coalesced_.push_back(std::move(op));
+      coalesced_tensors_.insert(coalesced_tensors_.end(), tensors.begin(), tensors.end());
+      coalesced_outputs_.insert(coalesced_outputs_.end(), outputs.begin(), outputs.end());
+      // The operation runs at endCoalescing(); its Work is that call's.
+      auto state = std::make_shared<OpState>();
+      c10::Event done(kAxon);
+      auto future = c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()));
+      future->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+      return c10::make_intrusive<WorkAxon>(getRank(), type, name, device, state, std::move(done),
+                                           future, std::vector<at::Tensor>{});
+    }
+    c10::Stream current = getCurrentAxonStream(device);
+    c10::Stream comm_stream = commStream(device);
+    // The collective runs after the work that produced its inputs.
+    c10::Event ready(kAxon);
+    ready.record(current);
+    ready.block(comm_stream);
+    // Memory freed by the caller meanwhile is not reused before the collective ran.
+    for (const auto& t : tensors) {
+      if (t.numel() > 0) getCachingAllocator()->recordStream(t.storage().data_ptr(), comm_stream);
+    }
+    auto state = std::make_shared<OpState>();
+    auto shm = shm_;
+    auto timeout = timeout_;
+    std::function<void()> task;
+    if (op.p2p) {
+      comm::P2POp p = op.p2p_op;
+      task = [shm, state, p, timeout, name] {
+        run_op(*shm, *state, timeout, name, [&] { shm->send_recv_batch({p}); });
+      };
+    } else {
+      auto fn = std::move(op.fn);
+      task = [shm, state, fn, timeout, name] {
+        run_op(*shm, *state, timeout, name, [&] { fn(*shm); });
+      };
+    }
+    rt_call([&] { ::axon::rt::launch(to_rt(comm_stream), name, std::move(task)); });
+    c10::Event end(kAxon);
+    end.record(comm_stream);
+    // A future completed "on the communication stream": its users' streams
+    // wait for the collective (DDP's communication hooks use it).
+    std::vector<c10::Device> devices = {c10::Device(kAxon, device)};
+    auto future = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()), devices);
+    {
+      c10::StreamGuard guard(comm_stream);
+      future->markCompleted(c10::IValue(outputs));
+    }
+    return c10::make_intrusive<WorkAxon>(getRank(), type, name, device, state, std::move(end),
+                                         future, std::move(outputs));
+  }
+
+  template <typename F>
+  static void run_op(comm::ShmGroup& shm, OpState& state, std::chrono::milliseconds timeout,
+                     const char* name, F&& body) {
+    try {
+      shm.set_timeout(timeout);
+      body();
+    } catch (const std::exception& e) {
+      std::string message = e.what();
+      if (message.rfind("axon process group", 0) != 0) {
+        message = std::string("axon process group: ") + name + " failed: " + message;
+      }
+      state.set_error(message);
+      throw std::runtime_error(message);
+    }
+  }
+
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<comm::ShmGroup> shm_;
+  std::map<c10::DeviceIndex, c10::Stream> streams_;
+  c10::DeviceIndex device_ = -1;
+  bool coalescing_ = false;
+  std::vector<Op> coalesced_;
+  std::vector<at::Tensor> coalesced_tensors_, coalesced_outputs_;
+};
+
+}  // namespace
+
+void initDistributedBindings(pybind11::module_& m) {
+  namespace py = pybind11;
+  auto d = m.def_submodule("_distributed", "the axon c10d backend");
+  py::class_<ProcessGroupAxon, c10d::Backend, c10::intrusive_ptr<ProcessGroupAxon>>(
+      d, "ProcessGroupAxon")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout) {
+             return c10::make_intrusive<ProcessGroupAxon>(store, rank, size, timeout);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("_comm_stream_id", &ProcessGroupAxon::commStreamId);
+  d.def("memcpy_bandwidth", [](size_t bytes, int reps) {
+    return ::axon::comm::memcpy_bandwidth(bytes, reps);
+  }, py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace at::axon
