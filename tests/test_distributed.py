@@ -1,0 +1,449 @@
+"""The c10d backend "axon" (ProcessGroupAxon) on 2 and 4 ranks.
+
+Every rank builds every rank's input from (rank, dtype, shape) with a seeded
+CPU generator, so each rank computes the expected result of a collective on
+the CPU itself (torch ops on the stacked inputs) and compares it with what
+the collective returned on axon.  Tolerances: exact for data movement and
+integers; for float reductions conftest's accumulation tolerances (axon
+accumulates bfloat16/float16 in float32, the CPU reference sums in float32 and
+rounds once, so they agree to the last bit or one unit).  Ranks must also agree
+bit for bit with each other (checked by gathering results to every rank).
+
+Each spawned run groups many checks: starting a process costs seconds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import tol
+from dist_util import RankFailed, run_ranks
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+INTS = (torch.int32, torch.int64, torch.uint8)
+
+
+def make(rank: int, dtype: torch.dtype, shape, salt: int = 0) -> torch.Tensor:
+    """Rank `rank`'s input, on the CPU (deterministic, different per rank)."""
+    g = torch.Generator().manual_seed(1000 * rank + 17 * salt + 1)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    hi = 7 if dtype == torch.uint8 else 1000
+    return torch.randint(1 if dtype == torch.uint8 else -hi, hi, shape, generator=g).to(dtype)
+
+
+def expected_reduce(inputs, op, dtype):
+    """CPU reference of a reduction over ranks (float32 accumulation)."""
+    acc_dtype = torch.float32 if dtype.is_floating_point else dtype
+    x = torch.stack([t.to(acc_dtype) for t in inputs])
+    if op == dist.ReduceOp.SUM:
+        r = x.sum(0, dtype=acc_dtype)
+    elif op == dist.ReduceOp.AVG:
+        r = x.sum(0) / len(inputs)
+    elif op == dist.ReduceOp.PRODUCT:
+        r = x.prod(0, dtype=acc_dtype)
+    elif op == dist.ReduceOp.MIN:
+        r = x.min(0).values
+    elif op == dist.ReduceOp.MAX:
+        r = x.max(0).values
+    elif op == dist.ReduceOp.BAND:
+        r = inputs[0].clone()
+        for t in inputs[1:]:
+            r &= t
+    elif op == dist.ReduceOp.BOR:
+        r = inputs[0].clone()
+        for t in inputs[1:]:
+            r |= t
+    elif op == dist.ReduceOp.BXOR:
+        r = inputs[0].clone()
+        for t in inputs[1:]:
+            r ^= t
+    else:
+        raise AssertionError(op)
+    return r.to(dtype)
+
+
+def check(actual: torch.Tensor, expected: torch.Tensor, what: str, accum: bool = True):
+    torch.testing.assert_close(actual.cpu(), expected, **tol(expected.dtype, accum),
+                               msg=lambda m: f"{what}: {m}")
+
+
+def same_on_all_ranks(t: torch.Tensor, what: str):
+    world = dist.get_world_size()
+    copies = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(copies, t)
+    for r, c in enumerate(copies):
+        assert torch.equal(c.cpu(), t.cpu()), f"{what}: rank {r} got different bits"
+
+
+# ---------------------------------------------------------------- collectives
+
+
+def _collectives(rank, world):
+    dist.init_process_group(timeout=datetime.timedelta(seconds=60))
+    assert dist.get_backend_config() in ("axon:axon", "axon")  # picked by PyTorch for axon
+    dev = torch.device("axon", rank)
+    n = world
+    ran = []
+    # Sizes: empty, small path, large path (reduce-scatter + all-gather over
+    # several 4 MiB steps with a tail).
+    sizes = [(0,), (5, 3), (1_300_007,)]
+
+    # all_reduce: every op for every dtype.
+    for dtype in FLOATS + INTS:
+        ops = ([dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN,
+                dist.ReduceOp.MAX] if dtype.is_floating_point else
+               [dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX, dist.ReduceOp.BAND,
+                dist.ReduceOp.BOR, dist.ReduceOp.BXOR])
+        for shape in sizes:
+            for i, op in enumerate(ops):
+                if shape[0] > 1000 and op not in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+                    continue  # big sizes: two ops are enough (the same loop code)
+                inputs = [make(r, dtype, shape, i) for r in range(n)]
+                if op == dist.ReduceOp.PRODUCT:
+                    inputs = [(x.float() * 0.5 + 1).to(dtype) for x in inputs]  # keep finite
+                t = inputs[rank].to(dev)
+                dist.all_reduce(t, op=op)
+                check(t, expected_reduce(inputs, op, dtype), f"all_reduce {op} {dtype} {shape}")
+                if shape[0] > 1000:
+                    same_on_all_ranks(t, f"all_reduce {dtype} {shape}")
+    ran.append("all_reduce")
+
+    # A tensor viewed from a larger buffer (storage offset), and a complex one.
+    base = torch.zeros(10, device=dev)
+    view = base[3:7]
+    view.copy_(torch.full((4,), float(rank + 1)))
+    dist.all_reduce(view)
+    assert base.cpu().tolist() == [0, 0, 0] + [n * (n + 1) / 2] * 4 + [0, 0, 0]
+    c = torch.complex(torch.tensor([1.0, 2.0]), torch.tensor([float(rank), -1.0])).to(dev)
+    dist.all_reduce(c)
+    torch.testing.assert_close(c.cpu(), torch.complex(torch.tensor([n * 1.0, n * 2.0]),
+                                                      torch.tensor([n * (n - 1) / 2, -n])))
+
+    # Coalesced all_reduce (the coalescing manager's fast path).
+    ts = [make(rank, torch.float32, (s,), 5).to(dev) for s in (3, 1000, 17)]
+    with dist._coalescing_manager(device=dev):
+        for t in ts:
+            dist.all_reduce(t)
+    for t, s in zip(ts, (3, 1000, 17)):
+        check(t, expected_reduce([make(r, torch.float32, (s,), 5) for r in range(n)],
+                                 dist.ReduceOp.SUM, torch.float32), "coalesced all_reduce")
+
+    for dtype in FLOATS + (torch.int64, torch.bool):
+        for shape in [(0,), (7, 5), (600_001,)]:
+            inputs = [make(r, dtype, shape, 3) for r in range(n)]
+            # broadcast from the last rank
+            t = inputs[rank].to(dev)
+            dist.broadcast(t, src=n - 1)
+            check(t, inputs[n - 1], f"broadcast {dtype}", accum=False)
+            # all_gather (list) and all_gather_into_tensor
+            outs = [torch.empty(shape, dtype=dtype, device=dev) for _ in range(n)]
+            dist.all_gather(outs, inputs[rank].to(dev))
+            for r in range(n):
+                check(outs[r], inputs[r], f"all_gather {dtype}", accum=False)
+            flat = torch.empty((n * shape[0],) + shape[1:], dtype=dtype, device=dev)
+            dist.all_gather_into_tensor(flat, inputs[rank].to(dev))
+            check(flat, torch.cat(inputs), f"all_gather_into_tensor {dtype}", accum=False)
+            # gather to rank 0, scatter from rank 0
+            g = [torch.empty(shape, dtype=dtype, device=dev) for _ in range(n)] if rank == 0 else None
+            dist.gather(inputs[rank].to(dev), g, dst=0)
+            if rank == 0:
+                for r in range(n):
+                    check(g[r], inputs[r], f"gather {dtype}", accum=False)
+            parts = [make(0, dtype, shape, 40 + r) for r in range(n)]
+            out = torch.empty(shape, dtype=dtype, device=dev)
+            dist.scatter(out, [p.to(dev) for p in parts] if rank == 0 else None, src=0)
+            check(out, parts[rank], f"scatter {dtype}", accum=False)
+            if dtype == torch.bool:
+                continue
+            # reduce to rank 1
+            t = inputs[rank].to(dev)
+            dist.reduce(t, dst=1, op=dist.ReduceOp.SUM)
+            check(t, expected_reduce(inputs, dist.ReduceOp.SUM, dtype) if rank == 1
+                  else inputs[rank], f"reduce {dtype}")
+            # reduce_scatter (list) and reduce_scatter_tensor, SUM and AVG
+            lists = [[make(r, dtype, shape, 60 + d) for d in range(n)] for r in range(n)]
+            for op in ([dist.ReduceOp.SUM, dist.ReduceOp.AVG] if dtype.is_floating_point
+                       else [dist.ReduceOp.SUM]):
+                out = torch.empty(shape, dtype=dtype, device=dev)
+                dist.reduce_scatter(out, [x.to(dev) for x in lists[rank]], op=op)
+                check(out, expected_reduce([lists[r][rank] for r in range(n)], op, dtype),
+                      f"reduce_scatter {op} {dtype} {shape}")
+                out = torch.empty(shape, dtype=dtype, device=dev)
+                dist.reduce_scatter_tensor(out, torch.cat(lists[rank]).to(dev), op=op)
+                check(out, expected_reduce([lists[r][rank] for r in range(n)], op, dtype),
+                      f"reduce_scatter_tensor {op} {dtype} {shape}")
+    ran += ["broadcast", "all_gather", "gather", "scatter", "reduce", "reduce_scatter"]
+
+    # PREMUL_SUM (FSDP2 uses it when the divide factor differs from the group size).
+    t = make(rank, torch.float32, (1000,), 9).to(dev)
+    out = torch.empty(1000 // n, device=dev)
+    dist.reduce_scatter_tensor(out, t, op=dist._make_nccl_premul_sum(0.25))
+    full = expected_reduce([make(r, torch.float32, (1000,), 9) for r in range(n)],
+                           dist.ReduceOp.SUM, torch.float32) * 0.25
+    check(out, full.chunk(n)[rank], "reduce_scatter PREMUL_SUM")
+
+    # all_to_all_single: equal splits, uneven splits (rank r sends r + d + 1
+    # rows to rank d), and the list form.
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        rows = [[r + d + 1 for d in range(n)] for r in range(n)]  # rows[src][dst]
+        inputs = [make(r, dtype, (sum(rows[r]), 3), 7) for r in range(n)]
+        out = torch.empty(sum(rows[s][rank] for s in range(n)), 3, dtype=dtype, device=dev)
+        dist.all_to_all_single(out, inputs[rank].to(dev),
+                               output_split_sizes=[rows[s][rank] for s in range(n)],
+                               input_split_sizes=rows[rank])
+        want = torch.cat([inputs[s].split(rows[s])[rank] for s in range(n)])
+        check(out, want, f"all_to_all_single uneven {dtype}", accum=False)
+        eq = [make(r, dtype, (4 * n, 2), 8) for r in range(n)]
+        out = torch.empty(4 * n, 2, dtype=dtype, device=dev)
+        dist.all_to_all_single(out, eq[rank].to(dev))
+        check(out, torch.cat([eq[s].chunk(n)[rank] for s in range(n)]), "all_to_all_single",
+              accum=False)
+        outs = [torch.empty(rows[s][rank], 3, dtype=dtype, device=dev) for s in range(n)]
+        dist.all_to_all(outs, [x.to(dev) for x in inputs[rank].split(rows[rank])])
+        for s in range(n):
+            check(outs[s], inputs[s].split(rows[s])[rank], "all_to_all list", accum=False)
+    ran.append("all_to_all")
+
+    # Point to point: a ring with send/recv, isend/irecv and batch_isend_irecv
+    # of a message larger than the pair's ring buffer (both ranks send first).
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    for dtype in (torch.float32, torch.float16, torch.int32):
+        big = make(rank, dtype, (700_000,), 11)
+        recv = torch.empty_like(big, device=dev)
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, big.to(dev), nxt),
+                                       dist.P2POp(dist.irecv, recv, prv)])
+        for q in reqs:
+            q.wait()
+        check(recv, make(prv, dtype, (700_000,), 11), "batch_isend_irecv", accum=False)
+        small = make(rank, dtype, (33,), 12).to(dev)
+        got = torch.empty_like(small)
+        if rank % 2 == 0:
+            dist.send(small, nxt)
+            dist.recv(got, prv)
+        else:
+            dist.recv(got, prv)
+            dist.send(small, nxt)
+        check(got, make(prv, dtype, (33,), 12), "send/recv", accum=False)
+        w = dist.isend(small, nxt)
+        w2 = dist.irecv(got, prv)
+        w.wait()
+        w2.wait()
+        check(got, make(prv, dtype, (33,), 12), "isend/irecv", accum=False)
+    ran.append("p2p")
+
+    # Objects (pickled into uint8 tensors on the current device).
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": rank, "x": [rank] * rank})
+    assert objs == [{"rank": r, "x": [r] * r} for r in range(n)]
+    lst = [f"from {rank}"] if rank == 0 else [None]
+    dist.broadcast_object_list(lst, src=0)
+    assert lst == ["from 0"]
+
+    dist.barrier()
+    ran.append("barrier")
+    return ran
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_match_cpu(world):
+    results = run_ranks(_collectives, world, timeout=400)
+    assert results == [results[0]] * world and "p2p" in results[0]
+
+
+# ---------------------------------------------------------------- streams
+
+
+def _stream_semantics(rank, world):
+    dist.init_process_group("axon", timeout=datetime.timedelta(seconds=60))
+    dev = torch.device("axon", rank)
+    from torch_axon import _C
+
+    # The collective is ordered after the kernel that produced its input, even
+    # when that kernel is still queued behind a 300 ms sleep.
+    x = torch.zeros(1000, device=dev)
+    _C._test_sleep_on_stream(rank, 300.0)
+    x.add_(rank + 1)
+    t0 = time.monotonic()
+    work = dist.all_reduce(x, async_op=True)
+    issued = time.monotonic() - t0
+    assert issued < 0.2, f"all_reduce(async_op=True) blocked the host for {issued:.3f} s"
+    work.wait()  # orders the current stream; does not block the host
+    assert x.cpu().eq(world * (world + 1) / 2).all()
+    assert work.is_completed() and work.is_success()
+
+    # The collective runs on a stream of its own: compute queued on the
+    # current stream afterwards does not wait for a collective that waits for
+    # a slow peer.
+    y = torch.ones(10, device=dev)
+    if rank == 1:
+        time.sleep(0.3)
+    w = dist.all_reduce(y, async_op=True)
+    z = torch.arange(4, device=dev) * 2  # independent compute
+    t0 = time.monotonic()
+    z_cpu = z.cpu()
+    compute_wait = time.monotonic() - t0
+    w.wait()
+    assert y.cpu().eq(world).all() and z_cpu.tolist() == [0, 2, 4, 6]
+    if rank == 0:
+        assert compute_wait < 0.25, f"compute waited {compute_wait:.3f} s for the collective"
+
+    # The future: value is the output list, usable on the current stream.
+    f = dist.all_reduce(torch.ones(3, device=dev), async_op=True).get_future()
+    val = f.wait()
+    assert val[0].cpu().tolist() == [world] * 3
+
+    # A tensor freed right after an async collective is not reused before the
+    # collective ran (record_stream on the communication stream).
+    for _ in range(5):
+        src = torch.full((1 << 18,), float(rank), device=dev)
+        outs = torch.empty(world << 18, device=dev)
+        h = dist.all_gather_into_tensor(outs, src, async_op=True)
+        del src
+        junk = torch.full((1 << 18,), -1.0, device=dev)  # may reuse the freed block
+        h.wait()
+        want = torch.arange(world, dtype=torch.float32).repeat_interleave(1 << 18)
+        assert torch.equal(outs.cpu(), want), "input memory was reused before the collective"
+        del junk
+
+    # Subgroups and the device mesh.
+    sub = dist.new_group([0, 1])
+    if rank < 2:
+        s = torch.ones(2, device=dev) * rank
+        dist.all_reduce(s, group=sub)
+        assert s.cpu().tolist() == [1.0, 1.0]
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("axon", (world,))
+    m = torch.ones(1, device=dev)
+    dist.all_reduce(m, group=mesh.get_group())
+    assert m.item() == world
+    dist.barrier()
+    return True
+
+
+@pytest.mark.parametrize("world", [2])
+def test_stream_ordering_futures_subgroups(world):
+    assert run_ranks(_stream_semantics, world, timeout=180) == [True] * world
+
+
+def _mixed_backends(rank, world):
+    dist.init_process_group("cpu:gloo,axon:axon", timeout=datetime.timedelta(seconds=60))
+    a = torch.full((3,), float(rank + 1), device=f"axon:{rank}")
+    c = torch.full((3,), float(rank + 1))
+    dist.all_reduce(a)
+    dist.all_reduce(c)
+    assert a.device.type == "axon" and c.device.type == "cpu"
+    assert a.cpu().tolist() == c.tolist() == [world * (world + 1) / 2] * 3
+    return dist.get_backend()
+
+
+def test_cpu_gloo_axon_axon_group():
+    assert run_ranks(_mixed_backends, 2, timeout=120) == ["cpu:gloo,axon:axon"] * 2
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _bad_input(rank, world):
+    dist.init_process_group("axon", timeout=datetime.timedelta(seconds=30))
+    dev = torch.device("axon", rank)
+    errors = {}
+
+    def expect(name, exc, fn, text):
+        try:
+            fn()
+        except exc as e:  # noqa: PERF203
+            assert text in str(e), f"{name}: {e}"
+            errors[name] = str(e).splitlines()[0]
+            return
+        raise AssertionError(f"{name}: no error")
+
+    x = torch.ones(8, device=dev)
+    expect("mixed devices", (RuntimeError, ValueError),
+           lambda: dist.all_gather_into_tensor(torch.empty(8 * world), x),
+           "axon device")
+    expect("non-contiguous", (RuntimeError, ValueError),
+           lambda: dist.all_reduce(torch.ones(4, 4, device=dev).t()), "contiguous")
+    expect("bad root", (RuntimeError, ValueError),
+           lambda: dist.broadcast(x, src=world + 3), "")
+    expect("unsupported dtype", (TypeError, RuntimeError),
+           lambda: dist.all_reduce(torch.ones(4, device=dev, dtype=torch.float8_e4m3fn)),
+           "does not support")
+    expect("avg of ints", RuntimeError,
+           lambda: dist.all_reduce(torch.ones(4, device=dev, dtype=torch.int32),
+                                   op=dist.ReduceOp.AVG), "AVG is not supported for int32")
+    expect("size mismatch", (RuntimeError, ValueError),
+           lambda: dist.all_gather_into_tensor(torch.empty(3, device=dev), x), "world_size")
+    expect("wrong device index", RuntimeError,
+           lambda: dist.all_reduce(torch.ones(2, device=f"axon:{rank + 4}")),
+           f"runs on axon:{rank}")
+    # The group still works after all of these (nothing was sent).
+    dist.all_reduce(x)
+    assert x.cpu().eq(world).all()
+    return errors
+
+
+def test_bad_input_raises_pytorch_style_errors():
+    errors = run_ranks(_bad_input, 2, timeout=120)
+    assert len(errors[0]) == 7, errors[0]
+
+
+def _shm_entries():
+    return {n for n in os.listdir("/dev/shm") if n.startswith("axon-pg-")}
+
+
+def _dead_rank(rank, world, mode):
+    dist.init_process_group("axon", timeout=datetime.timedelta(seconds=3 if mode == "hang" else 60))
+    dev = torch.device("axon", rank)
+    t = torch.ones(4, device=dev)
+    dist.all_reduce(t)  # the group works
+    if rank == world - 1:
+        if mode == "exit":
+            os._exit(7)  # dies without a word
+        time.sleep(8)  # alive but never calls the collective
+        return "late"
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        t.cpu()  # the error surfaces at the next synchronisation
+    except RuntimeError as e:
+        first = str(e)
+    else:
+        return "no error"
+    elapsed = time.monotonic() - t0
+    try:  # later calls on the broken group fail at once
+        dist.all_reduce(t)
+        second = "no error"
+    except RuntimeError as e:
+        second = str(e)
+    return first, elapsed, second
+
+
+@pytest.mark.parametrize("mode", ["exit", "hang"])
+def test_dead_or_missing_rank_raises_within_timeout(mode):
+    before = _shm_entries()
+    world = 3
+    results = run_ranks(_dead_rank, world, mode, timeout=120, allow_failures=True)
+    for rank in range(world - 1):
+        res = results[rank]
+        assert not isinstance(res, RankFailed), res
+        first, elapsed, second = res
+        if mode == "exit":
+            # Found by checking the peer's process, long before the 60 s timeout.
+            assert f"rank {world - 1} (pid" in first and "exited" in first, first
+            assert elapsed < 10, elapsed
+        else:
+            assert "all_reduce timed out" in first and f"rank(s) {world - 1}" in first, first
+            assert 2.5 < elapsed < 10, elapsed
+        assert "failed earlier" in second, second
+    # No shared-memory segment left behind, even by the rank that died.
+    assert _shm_entries() == before
