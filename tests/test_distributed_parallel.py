@@ -1,0 +1,718 @@
+"""PyTorch's parallel APIs on axon: FSDP2, DTensor tensor/sequence parallelism,
+the DTensor RNG, 2-D (TP x FSDP) meshes, DDP and torch.distributed.checkpoint.
+
+Every distributed run is compared with the same training on one axon device,
+computed in the test process:
+
+* Model: the tiny random-init Llama of conftest (hidden 64, 2 layers, vocab
+  128), AdamW, STEPS steps on learnable sequences (arithmetic progressions
+  mod the vocabulary), so the loss really moves.
+* Data parallelism (FSDP, DDP, the dp dimension of a 2-D mesh): rank r trains
+  on its slice of the global batch; the curve compared is the mean of the
+  ranks' local losses, which is the global batch's loss.
+* fp32 tolerance: losses within LOSS_ATOL_FP32 = 1e-4.  Distributed and
+  single-device runs differ only by summation order (gradient averaging, TP's
+  partial sums), measured ~1e-6; training rank 0's half of the batch without
+  averaging gradients departs by >1e-2 within three steps
+  (test_tolerances_discriminate checks that on the reference itself).
+* Mixed precision (bf16 params, fp32 reduce) is compared with its exact
+  single-device emulation: bf16 copies of the fp32 master weights run every
+  rank's micro-batch, their bf16 gradients are averaged in fp32, AdamW steps
+  the fp32 master weights.  Tolerance LOSS_ATOL_BF16 = 5e-3 (bf16 rounding
+  of the summed gradients differs by reduction order); the emulation itself
+  departs from fp32 training by ~2e-2.
+
+The device under test is axon; AXON_DIST_TEST_DEVICE=cpu runs the same checks
+on the CPU with gloo (a control for the tests themselves).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import TINY_LM_VOCAB, tiny_causal_lm
+from dist_util import run_ranks
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+
+DEV = os.environ.get("AXON_DIST_TEST_DEVICE", "axon")
+REPO = Path(__file__).resolve().parent.parent
+
+STEPS = 5
+CKPT_STEP = 3          # DCP checkpoint after this many steps
+BATCH = 8              # global batch (sequences)
+SEQ = 16
+LR = 3e-3
+LOSS_ATOL_FP32 = 1e-4
+LOSS_ATOL_BF16 = 2e-4
+LOGITS_TOL = dict(rtol=1e-4, atol=1e-4)
+GRAD_TOL = dict(rtol=1e-4, atol=1e-6)  # measured differences ~2e-8
+PARAM_ATOL = 1e-3      # AdamW turns near-zero gradient noise into steps of ~lr
+
+
+# ---------------------------------------------------------------------------
+# Shared by the test process and the ranks
+
+
+def batches(steps: int = STEPS, batch: int = BATCH, seq: int = SEQ) -> list[torch.Tensor]:
+    """Learnable token sequences: start + stride * t (mod vocab), stride in 1..3."""
+    g = torch.Generator().manual_seed(1234)
+    out = []
+    for _ in range(steps):
+        start = torch.randint(0, TINY_LM_VOCAB, (batch, 1), generator=g)
+        stride = torch.randint(1, 4, (batch, 1), generator=g)
+        out.append((start + stride * torch.arange(seq)) % TINY_LM_VOCAB)
+    return out
+
+
+def local_batch(ids: torch.Tensor, dp_rank: int, dp_size: int) -> torch.Tensor:
+    return ids.chunk(dp_size)[dp_rank]
+
+
+def new_model(device) -> torch.nn.Module:
+    return tiny_causal_lm("llama").train().to(device)
+
+
+def loss_of(model, ids) -> torch.Tensor:
+    return model(input_ids=ids, labels=ids).loss
+
+
+def tp_plan(sequence_parallel: bool) -> tuple[dict, dict]:
+    """(per decoder layer plan, top-level plan) for a Transformers Llama.
+
+    Plain TP: q/k/v/gate/up column-wise, o/down row-wise, activations
+    replicated between blocks.  Sequence parallel (Megatron-SP): between blocks
+    the residual stream is sharded along the sequence (Shard(1)); the norms run
+    on the shards, the attention and MLP inputs are all-gathered and their
+    outputs reduce-scattered; the embedding is row-wise (vocab-sharded table)
+    with a sequence-sharded output and the LM head gathers the sequence back.
+    The residual stream stays a DTensor (Transformers takes the positions from
+    its global shape; residual + block output adds two DTensors).
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel)
+
+    if not sequence_parallel:
+        layer = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                 "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+                 "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                 "mlp.down_proj": RowwiseParallel()}
+        return layer, {}
+    layer = {
+        "input_layernorm": SequenceParallel(),
+        "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                        desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+        "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+        "post_attention_layernorm": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+    }
+    top = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
+                                              use_local_output=False),
+        "model.norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+    return layer, top
+
+
+def apply_tp(model, tp_mesh, sequence_parallel: bool = False):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    layer_plan, top_plan = tp_plan(sequence_parallel)
+    for layer in model.model.layers:
+        parallelize_module(layer, tp_mesh, layer_plan)
+    if top_plan:
+        parallelize_module(model, tp_mesh, top_plan)
+    return model
+
+
+def apply_fsdp(model, dp_mesh, mp_policy=None):
+    from torch.distributed.fsdp import fully_shard
+
+    kw = {} if mp_policy is None else {"mp_policy": mp_policy}
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=dp_mesh, **kw)
+    fully_shard(model, mesh=dp_mesh, **kw)
+    return model
+
+
+def bf16_policy():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def train(model, dp_rank: int, dp_size: int, steps=range(STEPS), opt=None):
+    """Trains on this rank's slice of each global batch; returns (local losses, opt)."""
+    device = next(model.parameters()).device  # a DTensor's is its local tensor's
+    if opt is None:
+        # foreach kernels cannot mix DTensor and plain parameters (plain TP leaves the
+        # norms and embeddings plain); torch raises the same on CUDA
+        from torch.distributed.tensor import DTensor
+
+        kinds = {isinstance(p, DTensor) for p in model.parameters()}
+        opt = torch.optim.AdamW(model.parameters(), lr=LR,
+                                foreach=False if len(kinds) > 1 else None)
+    data = batches()
+    losses = []
+    for step in steps:
+        ids = local_batch(data[step], dp_rank, dp_size).to(device)
+        loss = loss_of(model, ids)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, opt
+
+
+def first_grads(model, dp_rank: int, dp_size: int) -> dict[str, torch.Tensor]:
+    """Gradients (unsharded, CPU) of one backward on this rank's slice of batch 0,
+    then zeroed.  AdamW hardly sees a gradient scale (an AVG reduced as SUM), so
+    the reduced gradients themselves are compared with single-device ones."""
+    from torch.distributed.tensor import DTensor
+
+    device = next(model.parameters()).device
+    loss_of(model, local_batch(batches()[0], dp_rank, dp_size).to(device)).backward()
+    grads = {}
+    for name, p in model.named_parameters():
+        g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        grads[name.removeprefix("module.")] = g.detach().cpu().clone()
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def full_params(model) -> dict[str, torch.Tensor]:
+    """Unsharded parameters on the CPU (DTensor params gathered)."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if isinstance(p, DTensor) else p
+        out[name] = t.detach().cpu().clone()
+    return out
+
+
+def rank_device() -> torch.device:
+    """This rank's device (dist_util pins rank r to axon:r)."""
+    if DEV == "cpu":
+        return torch.device("cpu")
+    return torch.device(DEV, getattr(torch, DEV).current_device())
+
+
+def pack(result) -> bytes:
+    """Rank results travel as torch.save bytes: tensors sent through the queue
+    directly would be shared-memory handles that die with the rank process."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save(result, buf)
+    return buf.getvalue()
+
+
+def unpack(results: list[bytes]) -> list:
+    import io
+
+    return [torch.load(io.BytesIO(r), weights_only=False) for r in results]
+
+
+def init_dist(rank: int, world_size: int):
+    """Like torchrun's `dist.init_process_group()`: the default backend of each device."""
+    if DEV == "cpu":
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group()
+        assert dist.get_backend_config().find(f"{DEV}:") >= 0, dist.get_backend_config()
+    torch.manual_seed(0)
+
+
+# ---------------------------------------------------------------------------
+# Single-device references (test process, axon:0)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(micro: int = 1, mixed_precision: bool = False, only_rank0: bool = False):
+    """Single-device training: losses per step (mean over `micro` micro-batches,
+    each micro-batch its own mean loss, gradients averaged) and a snapshot of
+    the parameters after CKPT_STEP steps.
+
+    mixed_precision: FSDP's MixedPrecisionPolicy(bf16 params, fp32 reduce)
+    emulated: bf16 copy of the fp32 master weights per step, bf16 gradients
+    averaged in fp32.  only_rank0: the wrong computation (micro-batch 0 alone)
+    to show the tolerances discriminate.
+    """
+    import copy
+
+    device = torch.device(DEV, 0)
+    master = new_model(device)
+    work = master
+    if mixed_precision:  # bf16 parameters; buffers (rotary inv_freq) stay fp32, as in FSDP
+        work = copy.deepcopy(master)
+        for p in work.parameters():
+            p.data = p.data.to(torch.bfloat16)
+    opt = torch.optim.AdamW(master.parameters(), lr=LR)
+    losses, snapshot = [], None
+    for step, ids in enumerate(batches()):
+        if step == CKPT_STEP:
+            snapshot = {k: v.detach().cpu().clone() for k, v in master.named_parameters()}
+        if mixed_precision:
+            with torch.no_grad():
+                for w, m in zip(work.parameters(), master.parameters()):
+                    w.copy_(m)
+        total, grads = 0.0, None
+        parts = list(ids.to(device).chunk(micro))
+        if only_rank0:
+            parts = parts[:1]
+        for part in parts:
+            loss = loss_of(work, part)
+            loss.backward()
+            total += loss.item() / micro
+            g = [p.grad.float() / len(parts) for p in work.parameters()]
+            grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+            work.zero_grad()
+        if only_rank0:
+            with torch.no_grad():
+                total = sum(loss_of(work, p).item() for p in ids.to(device).chunk(micro)) / micro
+        for p, g in zip(master.parameters(), grads):
+            p.grad = g
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return torch.tensor(losses, dtype=torch.float64), snapshot
+
+
+@functools.lru_cache(maxsize=None)
+def reference_logits() -> torch.Tensor:
+    model = new_model(torch.device(DEV, 0)).eval()
+    with torch.no_grad():
+        return model(input_ids=batches()[0].to(torch.device(DEV, 0))).logits.cpu()
+
+
+@functools.lru_cache(maxsize=None)
+def reference_grads() -> dict[str, torch.Tensor]:
+    """Gradients of the full batch 0 on one device."""
+    return first_grads(new_model(torch.device(DEV, 0)), 0, 1)
+
+
+def assert_grads(actual: dict, what: str):
+    expected = reference_grads()
+    assert set(actual) == set(expected), (what, set(actual) ^ set(expected))
+    worst = 0.0
+    for name, g in actual.items():
+        torch.testing.assert_close(g, expected[name], **GRAD_TOL,
+                                   msg=lambda m, n=name: f"{what}: gradient of {n}: {m}")
+        worst = max(worst, (g - expected[name]).abs().max().item())
+    print(f"{what}: max |gradient difference| {worst:.2e}")
+
+
+def curve(per_rank_losses) -> torch.Tensor:
+    """Global-batch loss curve from the ranks' local curves (equal token counts)."""
+    return torch.tensor(per_rank_losses, dtype=torch.float64).mean(0)
+
+
+def assert_curve(actual: torch.Tensor, expected: torch.Tensor, atol: float, what: str):
+    diff = (actual - expected).abs().max().item()
+    print(f"{what}: max |loss difference| {diff:.2e} (tolerance {atol:.0e})")
+    assert diff <= atol, (f"{what}: loss curve differs from single-device training by {diff:.3g}"
+                          f" (tolerance {atol})\n  actual   {actual.tolist()}\n"
+                          f"  expected {expected.tolist()}")
+
+
+def test_tolerances_discriminate():
+    """The reference curve moves, and a wrong data-parallel computation (rank 0's
+    micro-batch only) leaves the fp32 and bf16 tolerances far behind."""
+    good, _ = reference(micro=2)
+    wrong, _ = reference(micro=2, only_rank0=True)
+    assert good[0] - good[-1] > 0.1, good
+    assert (good - wrong).abs().max() > 10 * LOSS_ATOL_BF16, (good, wrong)
+    # micro-batching is exact up to rounding (what the fp32 tolerance allows)
+    full, _ = reference(micro=1)
+    assert_curve(good, full, LOSS_ATOL_FP32 / 10, "2 micro-batches vs full batch")
+    bf16, _ = reference(micro=2, mixed_precision=True)
+    assert (bf16 - good).abs().max() > 3 * LOSS_ATOL_BF16  # bf16 really ran in bf16
+
+
+# ---------------------------------------------------------------------------
+# FSDP2 (1-D), DDP and DCP: one spawned run of 2 ranks
+
+
+def _fsdp_ddp_dcp_ranks(rank, world_size, ckpt_dir):
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch.distributed.checkpoint as dcp
+
+    init_dist(rank, world_size)
+    out = {}
+    t0 = time.perf_counter()
+    mesh = init_device_mesh(DEV, (world_size,))
+    device = rank_device()
+
+    # fp32 FSDP, checkpointed after CKPT_STEP steps
+    model = apply_fsdp(new_model(device), mesh)
+    p = model.model.embed_tokens.weight
+    assert isinstance(p, DTensor) and p.to_local().device == device, (type(p), device)
+    assert p.to_local().shape[0] == TINY_LM_VOCAB // world_size
+    grads = first_grads(model, rank, world_size)
+    out["fsdp_grads"] = grads if rank == 0 else None
+    losses, opt = train(model, rank, world_size, steps=range(CKPT_STEP))
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt_dir)
+    more, _ = train(model, rank, world_size, steps=range(CKPT_STEP, STEPS), opt=opt)
+    out["fsdp"] = losses + more
+    params = full_params(model)  # a collective: every rank gathers
+    out["fsdp_params"] = params if rank == 0 else None
+
+    # a fresh (differently initialised) FSDP model and optimizer resume from the checkpoint
+    torch.manual_seed(1)
+    model2 = new_model(device)
+    with torch.no_grad():
+        for q in model2.parameters():
+            q.normal_()
+    apply_fsdp(model2, mesh)
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=LR)
+    # optimizer state exists only after a step; get_state_dict/set_state_dict create it
+    msd2, osd2 = get_state_dict(model2, opt2)
+    dcp.load({"model": msd2, "optim": osd2}, checkpoint_id=ckpt_dir)
+    set_state_dict(model2, opt2, model_state_dict=msd2, optim_state_dict=osd2)
+    out["resumed"], _ = train(model2, rank, world_size, steps=range(CKPT_STEP, STEPS), opt=opt2)
+    del model, model2, opt, opt2
+
+    # mixed precision: bf16 params, fp32 gradient reduction
+    model = apply_fsdp(new_model(device), mesh, bf16_policy())
+    seen = []
+    model.model.layers[1].mlp.down_proj.register_forward_hook(
+        lambda mod, args, res: seen.append((mod.weight.dtype, args[0].dtype, res.dtype)))
+    out["fsdp_bf16"], _ = train(model, rank, world_size)
+    assert seen and all(s == (torch.bfloat16,) * 3 for s in seen), seen
+    assert model.model.embed_tokens.weight.dtype == torch.float32  # sharded master weights
+    del model
+
+    # DDP
+    model = DDP(new_model(device), device_ids=[device.index] if DEV != "cpu" else None)
+    out["ddp_grads"] = first_grads(model, rank, world_size)
+    out["ddp"], _ = train(model, rank, world_size)
+    out["ddp_params"] = full_params(model.module)
+    out["seconds"] = time.perf_counter() - t0
+    return pack(out)
+
+
+_RUNS: dict = {}
+
+
+def spawned(key, fn, world_size, *args):
+    """run_ranks once per module; a failed run fails every test using it at once
+    (module fixtures would re-run it per test)."""
+    if key not in _RUNS:
+        t0 = time.perf_counter()
+        try:
+            _RUNS[key] = (unpack(run_ranks(fn, world_size, *args)), time.perf_counter() - t0)
+        except BaseException as e:  # noqa: BLE001
+            _RUNS[key] = e
+    if isinstance(_RUNS[key], BaseException):
+        raise _RUNS[key]
+    return _RUNS[key]
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("dcp")
+    results, seconds = spawned("fsdp", _fsdp_ddp_dcp_ranks, 2, str(ckpt))
+    return results, ckpt, seconds
+
+
+def test_fsdp2_matches_single_device(fsdp_run):
+    results, _, _ = fsdp_run
+    expected, _ = reference(micro=1)
+    assert_grads(results[0]["fsdp_grads"], "FSDP2 fp32, 2 ranks")
+    assert_curve(curve([r["fsdp"] for r in results]), expected, LOSS_ATOL_FP32, "FSDP2 fp32, 2 ranks")
+    # the trained (gathered) parameters too
+    ref_model = _reference_final_params()
+    for name, value in results[0]["fsdp_params"].items():
+        torch.testing.assert_close(value, ref_model[name], rtol=0, atol=PARAM_ATOL, msg=name)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_final_params():
+    device = torch.device(DEV, 0)
+    model = new_model(device)
+    train(model, 0, 1)
+    return full_params(model)
+
+
+def test_fsdp2_mixed_precision(fsdp_run):
+    results, _, _ = fsdp_run
+    expected, _ = reference(micro=2, mixed_precision=True)
+    assert_curve(curve([r["fsdp_bf16"] for r in results]), expected, LOSS_ATOL_BF16,
+                 "FSDP2 bf16 params / fp32 reduce, 2 ranks")
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_fsdp2_dcp_save_load(fsdp_run):
+    results, ckpt, _ = fsdp_run
+    expected, snapshot = reference(micro=1)
+    # resuming a fresh FSDP model + optimizer from the checkpoint continues the curve
+    assert_curve(curve([r["resumed"] for r in results]), expected[CKPT_STEP:], LOSS_ATOL_FP32,
+                 "FSDP2 resumed from DCP")
+    resumed = curve([r["resumed"] for r in results])
+    original = curve([r["fsdp"] for r in results])[CKPT_STEP:]
+    torch.testing.assert_close(resumed, original, rtol=0, atol=1e-6)
+    # the sharded checkpoint loads into a plain single-process model (no process group)
+    import torch.distributed.checkpoint as dcp
+
+    model = new_model("cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    sd = {"model": model.state_dict()}
+    dcp.load(sd, checkpoint_id=str(ckpt), no_dist=True)
+    model.load_state_dict(sd["model"])
+    for name, value in model.named_parameters():
+        torch.testing.assert_close(value.detach(), snapshot[name], rtol=0, atol=PARAM_ATOL,
+                                   msg=name)
+    with torch.no_grad():
+        loss = loss_of(model, batches()[CKPT_STEP]).item()
+    assert abs(loss - expected[CKPT_STEP].item()) <= LOSS_ATOL_FP32
+
+
+def test_ddp_matches_single_device(fsdp_run):
+    results, _, seconds = fsdp_run
+    expected, _ = reference(micro=1)
+    for r in results:
+        assert_grads(r["ddp_grads"], "DDP, 2 ranks")
+    assert_curve(curve([r["ddp"] for r in results]), expected, LOSS_ATOL_FP32, "DDP, 2 ranks")
+    ref = _reference_final_params()
+    for name, value in results[0]["ddp_params"].items():
+        # replicas stay identical; they match single-device training
+        torch.testing.assert_close(results[1]["ddp_params"][name], value, rtol=0, atol=0)
+        torch.testing.assert_close(value, ref[name], rtol=0, atol=PARAM_ATOL, msg=name)
+    ranks = ", ".join(f"{r['seconds']:.1f}" for r in results)
+    print(f"FSDP/DCP/DDP run: {seconds:.1f} s (in the ranks: {ranks} s)")
+
+
+# ---------------------------------------------------------------------------
+# Tensor / sequence parallelism and the DTensor RNG: one spawned run of 2 ranks
+
+
+def _dropout_checks(mesh, device):
+    import torch.nn.functional as F
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    axon_mod = getattr(torch, DEV)
+    out = {}
+    torch.manual_seed(7)
+    ones = torch.ones(16, 16, device=device)
+    rep = distribute_tensor(ones, mesh, [Replicate()])
+    shard = distribute_tensor(ones, mesh, [Shard(0)])
+    state0 = axon_mod.get_rng_state().clone()
+    y_rep = F.dropout(rep, p=0.5, training=True)
+    state1 = axon_mod.get_rng_state().clone()
+    y_shard = F.dropout(shard, p=0.5, training=True)
+    state2 = axon_mod.get_rng_state().clone()
+    out["rep"] = y_rep.to_local().cpu()
+    out["shard_local"] = y_shard.to_local().cpu()
+    out["shard_full"] = y_shard.full_tensor().cpu()
+    out["states"] = [state0, state1, state2]
+    # the local shard is what the generator at (seed, offset + shard_index * shard_numel)
+    # produces for a plain tensor of the shard's shape
+    state = state1.clone()
+    offset = state[8:].view(torch.int64)
+    offset += mesh.get_local_rank() * out["shard_local"].numel()
+    saved = axon_mod.get_rng_state()
+    axon_mod.set_rng_state(state)
+    out["shard_replay"] = F.dropout(torch.ones(8, 16, device=device), p=0.5).cpu()
+    axon_mod.set_rng_state(saved)
+    # same seed, same sharded result
+    torch.manual_seed(7)
+    F.dropout(rep, p=0.5, training=True)
+    out["shard_again"] = F.dropout(shard, p=0.5, training=True).to_local().cpu()
+    return out
+
+
+def _tp_ranks(rank, world_size):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    init_dist(rank, world_size)
+    t0 = time.perf_counter()
+    mesh = init_device_mesh(DEV, (world_size,), mesh_dim_names=("tp",))
+    device = rank_device()
+    out = {}
+    ids = batches()[0].to(device)
+    for name, sp in (("tp", False), ("sp", True)):
+        model = apply_tp(new_model(device), mesh, sequence_parallel=sp)
+        q = model.model.layers[0].self_attn.q_proj.weight
+        assert q.to_local().shape[0] == q.shape[0] // world_size and q.to_local().device == device
+        model.eval()
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        out[f"{name}_logits"] = (logits.full_tensor() if hasattr(logits, "full_tensor")
+                                 else logits).cpu()
+        model.train()
+        out[f"{name}_grads"] = first_grads(model, 0, 1)
+        out[name], _ = train(model, 0, 1)  # every TP rank sees the whole batch
+        del model
+    if DEV != "cpu":
+        out["dropout"] = _dropout_checks(mesh, device)
+    out["seconds"] = time.perf_counter() - t0
+    return pack(out)
+
+
+@pytest.fixture(scope="module")
+def tp_run():
+    return spawned("tp", _tp_ranks, 2)[0]
+
+
+@pytest.mark.parametrize("plan", ["tp", "sp"])
+def test_tensor_parallel_matches_single_device(tp_run, plan):
+    expected_logits = reference_logits()
+    for r in tp_run:
+        torch.testing.assert_close(r[f"{plan}_logits"], expected_logits, **LOGITS_TOL)
+    expected, _ = reference(micro=1)
+    for r in tp_run:
+        assert_grads(r[f"{plan}_grads"], f"{plan.upper()} (2 ranks)")
+        assert_curve(torch.tensor(r[plan], dtype=torch.float64), expected, LOSS_ATOL_FP32,
+                     f"{plan.upper()} (2 ranks)")
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="DTensor's RNG tracker needs an accelerator")
+def test_dtensor_dropout_rng(tp_run):
+    d0, d1 = tp_run[0]["dropout"], tp_run[1]["dropout"]
+    numel = 16 * 16
+    # replicated: the same mask everywhere; values are 0 or 1/(1-p)
+    torch.testing.assert_close(d0["rep"], d1["rep"], rtol=0, atol=0)
+    assert set(d0["rep"].unique().tolist()) <= {0.0, 2.0}
+    assert 0.3 < (d0["rep"] != 0).float().mean() < 0.7
+    # sharded: different shards draw different numbers, the whole tensor agrees
+    assert not torch.equal(d0["shard_local"], d1["shard_local"])
+    torch.testing.assert_close(d0["shard_full"], d1["shard_full"], rtol=0, atol=0)
+    torch.testing.assert_close(d0["shard_full"][:8], d0["shard_local"], rtol=0, atol=0)
+    torch.testing.assert_close(d0["shard_full"][8:], d1["shard_local"], rtol=0, atol=0)
+    # Philox-style (seed, offset) bookkeeping: shard i starts at offset + i * shard numel,
+    # every rank advances the offset by the whole tensor's numel
+    for d in (d0, d1):
+        torch.testing.assert_close(d["shard_replay"], d["shard_local"], rtol=0, atol=0)
+        s0, s1, s2 = (s.view(torch.int64) for s in d["states"])
+        assert s1[0] == s0[0] == 7 and s1[1] - s0[1] == numel and s2[1] - s1[1] == numel, \
+            (s0, s1, s2)
+        torch.testing.assert_close(d["shard_again"], d["shard_local"], rtol=0, atol=0)
+    for i in range(3):
+        torch.testing.assert_close(d0["states"][i], d1["states"][i], rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------
+# 4 ranks: FSDP2 on 4, TP x FSDP (2 x 2)
+
+
+def _four_rank_ranks(rank, world_size):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    init_dist(rank, world_size)
+    t0 = time.perf_counter()
+    device = rank_device()
+    out = {}
+    mesh1 = init_device_mesh(DEV, (world_size,))
+    model = apply_fsdp(new_model(device), mesh1)
+    grads = first_grads(model, rank, world_size)
+    out["fsdp4_grads"] = grads if rank == 0 else None
+    out["fsdp4"], _ = train(model, rank, world_size)
+    del model
+
+    mesh = init_device_mesh(DEV, (2, world_size // 2), mesh_dim_names=("dp", "tp"))
+    dp_rank = mesh["dp"].get_local_rank()
+    model = apply_fsdp(apply_tp(new_model(device), mesh["tp"]), mesh["dp"])
+    w = model.model.layers[0].mlp.gate_proj.weight
+    assert w.device_mesh.ndim == 2 and w.to_local().shape[0] == w.shape[0] // world_size, \
+        (w.placements, w.to_local().shape)
+    out["dp_rank"] = dp_rank
+    grads = first_grads(model, dp_rank, 2)
+    out["2d_grads"] = grads if rank == 0 else None
+    out["2d"], _ = train(model, dp_rank, 2)
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                              cpu_offload=True))
+    out["2d_params"] = sd if rank == 0 else None
+    out["seconds"] = time.perf_counter() - t0
+    return pack(out)
+
+
+@pytest.fixture(scope="module")
+def four_rank_run():
+    return spawned("4", _four_rank_ranks, 4)[0]
+
+
+def test_fsdp2_four_ranks(four_rank_run):
+    expected, _ = reference(micro=1)
+    assert_grads(four_rank_run[0]["fsdp4_grads"], "FSDP2 fp32, 4 ranks")
+    assert_curve(curve([r["fsdp4"] for r in four_rank_run]), expected, LOSS_ATOL_FP32,
+                 "FSDP2 fp32, 4 ranks")
+
+
+def test_tp_x_fsdp_2d(four_rank_run):
+    expected, _ = reference(micro=1)
+    by_dp = {}
+    for r in four_rank_run:
+        by_dp.setdefault(r["dp_rank"], []).append(r["2d"])
+    # the TP ranks of one dp group computed the same loss
+    for curves in by_dp.values():
+        torch.testing.assert_close(torch.tensor(curves[0]), torch.tensor(curves[1]),
+                                   rtol=0, atol=1e-6)
+    assert_grads(four_rank_run[0]["2d_grads"], "TP x FSDP (2 x 2)")
+    got = curve([by_dp[0][0], by_dp[1][0]])
+    assert_curve(got, expected, LOSS_ATOL_FP32, "TP x FSDP (2 x 2)")
+    ref = _reference_final_params()
+    sd = four_rank_run[0]["2d_params"]
+    assert set(sd) == set(ref)
+    for name, value in sd.items():
+        assert value.device.type == "cpu" and value.shape == ref[name].shape
+        torch.testing.assert_close(value, ref[name], rtol=0, atol=PARAM_ATOL, msg=name)
+
+
+# ---------------------------------------------------------------------------
+# examples/train_fsdp_tp.py under torchrun
+
+
+def test_example_train_fsdp_tp(tmp_path):
+    out = tmp_path / "ckpt"
+    metrics = tmp_path / "metrics.json"
+    env = dict(os.environ)
+    env.pop("AXON_DIST_TEST_DEVICE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+           str(REPO / "examples" / "train_fsdp_tp.py"), "--steps", "6", "--output-dir", str(out),
+           "--metrics", str(metrics)]
+    if DEV == "cpu":
+        cmd.insert(-6, "--device=cpu")
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240,
+                          cwd=tmp_path)
+    seconds = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    assert "mesh dp=2 x tp=2" in proc.stdout, proc.stdout
+    m = json.loads(metrics.read_text())
+    assert m["world_size"] == 4 and m["dp"] == 2 and m["tp"] == 2
+    assert m["losses"][-1] < m["losses"][0] - 0.1, m["losses"]
+    # a standard Transformers checkpoint that loads on the CPU and is the trained model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert next(model.parameters()).device.type == "cpu"
+    ids = torch.tensor(m["eval_input_ids"])
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=ids).loss.item()
+    assert abs(loss - m["eval_loss"]) <= LOSS_ATOL_FP32, (loss, m["eval_loss"])
+    print(f"example under torchrun (4 ranks): {seconds:.1f} s")
