@@ -69,7 +69,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from . import hf_accelerate, hf_transformers, torch_compile  # noqa: F401  (register patches)
+    from . import hf_accelerate, hf_distributed, hf_transformers, torch_compile  # noqa: F401  (register patches)
 
     sys.meta_path.insert(0, _PatchingFinder())
     for name in list(_patches):
