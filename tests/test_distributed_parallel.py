@@ -350,6 +350,24 @@ def test_tolerances_discriminate():
 # FSDP2 (1-D), DDP and DCP: one spawned run of 2 ranks
 
 
+def test_fsdp2_custom_ops_have_device_kernels():
+    """fully_shard's copy-in/out ops dispatch to a kernel for axon (torch
+    registers PrivateUse1 ones), not to a missing-kernel error or the CPU."""
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  (defines them)
+
+    for op in ("all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"fsdp::{op}", "PrivateUse1"), op
+    # and they compute on axon what they compute on the CPU
+    x = [torch.arange(6.0).view(2, 3), torch.arange(4.0).view(2, 2)]
+    for device in ("cpu", DEV):
+        out = torch.empty(2, 5, device=device)
+        torch.ops.fsdp.chunk_cat([t.to(device) for t in x], dim=0, num_chunks=2, out=out)
+        if device == "cpu":
+            expected = out
+        else:
+            torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)
+
+
 def _fsdp_ddp_dcp_ranks(rank, world_size, ckpt_dir):
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
@@ -378,6 +396,15 @@ def _fsdp_ddp_dcp_ranks(rank, world_size, ckpt_dir):
     out["fsdp"] = losses + more
     params = full_params(model)  # a collective: every rank gathers
     out["fsdp_params"] = params if rank == 0 else None
+    if DEV != "cpu":
+        # FSDP2's communication streams: high-priority axon streams of this device
+        ctx = model._get_fsdp_state()._comm_ctx
+        streams = [ctx.all_gather_copy_in_stream, ctx.all_gather_stream,
+                   ctx.reduce_scatter_stream]
+        default = getattr(torch, DEV).default_stream(device)
+        for st in streams:
+            assert isinstance(st, getattr(torch, DEV).Stream) and st.device == device, st
+            assert st.priority == -1 and st.stream_id != default.stream_id, st
 
     # a fresh (differently initialised) FSDP model and optimizer resume from the checkpoint
     torch.manual_seed(1)
@@ -403,6 +430,18 @@ def _fsdp_ddp_dcp_ranks(rank, world_size, ckpt_dir):
     assert seen and all(s == (torch.bfloat16,) * 3 for s in seen), seen
     assert model.model.embed_tokens.weight.dtype == torch.float32  # sharded master weights
     del model
+
+    # CPU offload: sharded parameters in pinned host memory, optimizer step on the CPU
+    if DEV != "cpu":
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+        model = new_model(device)
+        for module in [*model.model.layers, model]:
+            fully_shard(module, mesh=mesh, offload_policy=CPUOffloadPolicy())
+        shard = model.model.embed_tokens.weight.to_local()
+        assert shard.device.type == "cpu" and shard.is_pinned()
+        out["fsdp_offload"], _ = train(model, rank, world_size)
+        del model
 
     # DDP
     model = DDP(new_model(device), device_ids=[device.index] if DEV != "cpu" else None)
@@ -461,6 +500,15 @@ def test_fsdp2_mixed_precision(fsdp_run):
     expected, _ = reference(micro=2, mixed_precision=True)
     assert_curve(curve([r["fsdp_bf16"] for r in results]), expected, LOSS_ATOL_BF16,
                  "FSDP2 bf16 params / fp32 reduce, 2 ranks")
+
+
+def test_fsdp2_cpu_offload(fsdp_run):
+    if DEV == "cpu":
+        pytest.skip("offload is to the CPU")
+    results, _, _ = fsdp_run
+    expected, _ = reference(micro=1)
+    assert_curve(curve([r["fsdp_offload"] for r in results]), expected, LOSS_ATOL_FP32,
+                 "FSDP2 + CPUOffloadPolicy, 2 ranks")
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -687,12 +735,14 @@ def test_tp_x_fsdp_2d(four_rank_run):
 # examples/train_fsdp_tp.py under torchrun
 
 
-def test_example_train_fsdp_tp(tmp_path):
+@pytest.mark.parametrize("nproc,dp,tp", [(4, 2, 2), (2, 2, 1)])
+def test_example_train_fsdp_tp(tmp_path, nproc, dp, tp):
+    """4 ranks: TP x FSDP 2 x 2; 2 ranks fall back to FSDP over both (dp=2 x tp=1)."""
     out = tmp_path / "ckpt"
     metrics = tmp_path / "metrics.json"
     env = dict(os.environ)
     env.pop("AXON_DIST_TEST_DEVICE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(REPO / "examples" / "train_fsdp_tp.py"), "--steps", "6", "--output-dir", str(out),
            "--metrics", str(metrics)]
     if DEV == "cpu":
@@ -702,9 +752,10 @@ def test_example_train_fsdp_tp(tmp_path):
                           cwd=tmp_path)
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
-    assert "mesh dp=2 x tp=2" in proc.stdout, proc.stdout
+    assert f"mesh dp={dp} x tp={tp}" in proc.stdout, proc.stdout
     m = json.loads(metrics.read_text())
-    assert m["world_size"] == 4 and m["dp"] == 2 and m["tp"] == 2
+    assert (m["world_size"], m["dp"], m["tp"]) == (nproc, dp, tp)
+    assert "measured:" in proc.stdout and "step   6/6" in proc.stdout
     assert m["losses"][-1] < m["losses"][0] - 0.1, m["losses"]
     # a standard Transformers checkpoint that loads on the CPU and is the trained model
     from transformers import AutoModelForCausalLM
@@ -715,4 +766,5 @@ def test_example_train_fsdp_tp(tmp_path):
     with torch.no_grad():
         loss = model(input_ids=ids, labels=ids).loss.item()
     assert abs(loss - m["eval_loss"]) <= LOSS_ATOL_FP32, (loss, m["eval_loss"])
-    print(f"example under torchrun (4 ranks): {seconds:.1f} s")
+    assert model.config.model_type == "llama" and (out / "config.json").exists()
+    print(f"example under torchrun ({nproc} ranks): {seconds:.1f} s")
