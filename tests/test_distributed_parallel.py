@@ -664,7 +664,7 @@ def test_dtensor_dropout_rng(tp_run):
 
 
 # ---------------------------------------------------------------------------
-# 4 ranks: FSDP2 on 4, TP x FSDP (2 x 2)
+# 4 ranks: FSDP2 on 4, HSDP (2 x 2), TP x FSDP (2 x 2)
 
 
 def _four_rank_ranks(rank, world_size):
@@ -680,6 +680,15 @@ def _four_rank_ranks(rank, world_size):
     grads = first_grads(model, rank, world_size)
     out["fsdp4_grads"] = grads if rank == 0 else None
     out["fsdp4"], _ = train(model, rank, world_size)
+    del model
+
+    # HSDP: replicate x shard (2 x 2); gradients reduce-scattered, then all-reduced
+    hsdp = init_device_mesh(DEV, (2, world_size // 2), mesh_dim_names=("replicate", "shard"))
+    model = apply_fsdp(new_model(device), hsdp)
+    assert model.model.embed_tokens.weight.placements[0].is_replicate()
+    grads = first_grads(model, rank, world_size)
+    out["hsdp_grads"] = grads if rank == 0 else None
+    out["hsdp"], _ = train(model, rank, world_size)
     del model
 
     mesh = init_device_mesh(DEV, (2, world_size // 2), mesh_dim_names=("dp", "tp"))
@@ -709,6 +718,13 @@ def test_fsdp2_four_ranks(four_rank_run):
     assert_grads(four_rank_run[0]["fsdp4_grads"], "FSDP2 fp32, 4 ranks")
     assert_curve(curve([r["fsdp4"] for r in four_rank_run]), expected, LOSS_ATOL_FP32,
                  "FSDP2 fp32, 4 ranks")
+
+
+def test_hsdp_2d(four_rank_run):
+    expected, _ = reference(micro=1)
+    assert_grads(four_rank_run[0]["hsdp_grads"], "HSDP (replicate 2 x shard 2)")
+    assert_curve(curve([r["hsdp"] for r in four_rank_run]), expected, LOSS_ATOL_FP32,
+                 "HSDP (replicate 2 x shard 2)")
 
 
 def test_tp_x_fsdp_2d(four_rank_run):
