@@ -17,7 +17,9 @@ atol=1e-5 and are bit-identical across ranks.
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import math
 import warnings
 
 import pytest
@@ -55,6 +57,18 @@ def llama_config(**kw):
     return LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                        pad_token_id=PAD, bos_token_id=1, eos_token_id=2, **kw)
+
+
+def save_tokenizer(path):
+    """A word-level tokenizer over tokens "t1".."t127" (TRL's trainers load one from the checkpoint)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD} | {f"t{i}": i for i in range(1, VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="t1",
+                            eos_token="t2").save_pretrained(path)
 
 
 def prompts(device):
@@ -151,6 +165,7 @@ def tiny_llama(tmp_path_factory):
     torch.manual_seed(0)
     model = LlamaForCausalLM(llama_config()).eval()
     model.save_pretrained(path)
+    save_tokenizer(path)
     tokens, logits, margin = generate_and_logits(model.to("axon"), "axon")
     # The reference's greedy choices are not near-ties: equal tokens are a fair demand.
     assert margin > 10 * LOGIT_TOL["atol"], margin
@@ -305,12 +320,38 @@ def _trainer_rank(rank, world_size, path, output_dir):
         path, distributed_config=DistributedConfig(tp_size=world_size), dtype=torch.float32)
     tp = summary(*train(model, f"{output_dir}/tp", PER_DEVICE * world_size))
     tp["tp_size"] = model.tp_size
-    return ship(dict(ddp=ddp, tp=tp))
+    # FSDP2 applied while loading (DistributedConfig(fsdp_size=2)): data parallel again.
+    model = AutoModelForCausalLM.from_pretrained(
+        path, distributed_config=DistributedConfig(fsdp_size=world_size), dtype=torch.float32)
+    fsdp = summary(*train(model, f"{output_dir}/fsdp", PER_DEVICE))
+    result = dict(ddp=ddp, tp=tp, fsdp=fsdp)
+    if importlib.util.find_spec("trl") is not None:
+        result["sft"] = sft_tp(path, f"{output_dir}/sft", world_size)
+    return ship(result)
+
+
+def sft_tp(path, output_dir, world_size):
+    """The reference training recipe: TRL's SFTTrainer, DistributedConfig in model_init_kwargs."""
+    from datasets import Dataset
+    from transformers.distributed import DistributedConfig
+    from trl import SFTConfig, SFTTrainer
+
+    data = Dataset.from_list([{"input_ids": r["input_ids"].tolist()} for r in train_dataset()])
+    config = SFTConfig(output_dir=output_dir, max_steps=2, per_device_train_batch_size=4, report_to="none",
+                       save_strategy="no", logging_steps=1, disable_tqdm=True,
+                       model_init_kwargs=dict(distributed_config=DistributedConfig(tp_size=world_size),
+                                              dtype=torch.float32))
+    trainer = SFTTrainer(model=path, args=config, train_dataset=data)
+    trainer.train()
+    return dict(device=str(trainer.args.device), tp_size=trainer.model.tp_size,
+                wrapped=type(trainer.model_wrapped).__name__,
+                losses=[e["loss"] for e in trainer.state.log_history if "loss" in e])
 
 
 def test_trainer_under_torchrun(tiny_llama, tmp_path):
-    """Trainer on 2 ranks, data parallel (DDP) and tensor parallel (DistributedConfig),
-    against the same STEPS steps on one device with the global batch."""
+    """Trainer on 2 ranks: data parallel (DDP), tensor parallel and FSDP2 (DistributedConfig),
+    against the same STEPS steps on one device with the global batch; and TRL's SFTTrainer
+    with a TP DistributedConfig."""
     from accelerate.state import AcceleratorState
     from transformers import AutoModelForCausalLM
 
@@ -324,14 +365,15 @@ def test_trainer_under_torchrun(tiny_llama, tmp_path):
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
     assert len(single_losses) == STEPS and single_losses[-1] < single_losses[0]  # it trained
-    for kind, wrapper in (("ddp", "DistributedDataParallel"), ("tp", "LlamaForCausalLM")):
+    for kind, wrapper in (("ddp", "DistributedDataParallel"), ("tp", "LlamaForCausalLM"),
+                          ("fsdp", "FSDPLlamaForCausalLM")):
         runs = [r[kind] for r in results]
         for rank, r in enumerate(runs):
             about = (kind, rank, {k: v for k, v in r.items() if k != "weights"})
             assert r["device"] == f"axon:{rank}" and r["param_devices"] == {f"axon:{rank}"}, about
             assert r["parallel_mode"] and r["world_size"] == WORLD and r["process_index"] == rank, about
             assert r["n_gpu"] == 1 and r["wrapped"] == wrapper, about
-            assert (r["sharded"] > 0) == (kind == "tp"), about
+            assert (r["sharded"] > 0) == (kind != "ddp"), about
             torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(single_losses), **TRAIN_TOL,
                                        msg=lambda m: f"{kind} rank {rank} losses: {m}")
             for name, w in r["weights"].items():
@@ -342,3 +384,10 @@ def test_trainer_under_torchrun(tiny_llama, tmp_path):
             assert torch.equal(w, runs[1]["weights"][name]), (kind, name)
     assert results[0]["ddp"]["backend"] == "axon"
     assert results[0]["tp"]["tp_size"] == WORLD
+    if "sft" in results[0]:  # TRL: the model is TP-sharded while it loads, no wrapper
+        sft = [r["sft"] for r in results]
+        for rank, r in enumerate(sft):
+            assert r["device"] == f"axon:{rank}" and r["tp_size"] == WORLD, r
+            assert r["wrapped"] == "LlamaForCausalLM", r
+            assert len(r["losses"]) == 2 and all(math.isfinite(x) for x in r["losses"]), r
+        assert sft[0]["losses"] == sft[1]["losses"]
