@@ -447,3 +447,83 @@ def test_dead_or_missing_rank_raises_within_timeout(mode):
         assert "failed earlier" in second, second
     # No shared-memory segment left behind, even by the rank that died.
     assert _shm_entries() == before
+
+
+# ---------------------------------------------------------------- several hosts
+
+NETNS = ("axon-test-host0", "axon-test-host1")
+NETNS_ADDR = ("10.231.77.1", "10.231.77.2")
+
+
+def _setup_netns() -> bool:
+    """Two network namespaces joined by a veth pair, as two hosts; False if not allowed."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("ip") is None or os.environ.get("AXON_TEST_NO_NETNS"):
+        return False
+    _teardown_netns()
+    cmds = [f"ip netns add {NETNS[0]}", f"ip netns add {NETNS[1]}",
+            "ip link add axv0 type veth peer name axv1",
+            f"ip link set axv0 netns {NETNS[0]}", f"ip link set axv1 netns {NETNS[1]}"]
+    for i in range(2):
+        cmds += [f"ip -n {NETNS[i]} addr add {NETNS_ADDR[i]}/24 dev axv{i}",
+                 f"ip -n {NETNS[i]} link set axv{i} up", f"ip -n {NETNS[i]} link set lo up"]
+    for c in cmds:
+        if subprocess.run(c.split(), capture_output=True).returncode != 0:
+            _teardown_netns()
+            return False
+    return True
+
+
+def _teardown_netns():
+    import subprocess
+
+    for ns in NETNS:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _enter_host(rank, world, mode):
+    """Puts rank r on host r // 2: its network namespace, or just its AXON_HOST_ID."""
+    host = rank // (world // 2)
+    if mode == "netns":
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(f"/var/run/netns/{NETNS[host]}", os.O_RDONLY)
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), "setns")
+        os.close(fd)
+        os.environ["MASTER_ADDR"] = NETNS_ADDR[0]
+        os.environ["GLOO_SOCKET_IFNAME"] = f"axv{host}"
+    else:
+        os.environ["AXON_HOST_ID"] = f"test-host-{host}"
+
+
+def _two_hosts(rank, world, mode):
+    _enter_host(rank, world, mode)
+    ran = _collectives(rank, world)
+    backend = dist.group.WORLD._get_backend(torch.device("axon"))
+    return ran, backend.multi_host, backend.local_rank
+
+
+def test_collectives_across_two_hosts():
+    """4 ranks on two "hosts" of 2: ranks 0-1 and 2-3.
+
+    As root with `ip netns` available (the usual CI container), each host is
+    a network namespace joined to the other by a veth pair: the ranks of one
+    host share memory, and the hosts talk over that link (TCP store, gloo
+    between the hosts' leaders).  Without those rights, the same ranks are
+    forced onto the inter-host path with AXON_HOST_ID (same machine, same code
+    path; also with AXON_TEST_NO_NETNS=1).  The test prints which one it used.  The collectives are the same
+    checks as test_collectives_match_cpu.
+    """
+    mode = "netns" if _setup_netns() else "host-id"
+    print(f"two hosts simulated with: {mode}")
+    try:
+        results = run_ranks(_two_hosts, 4, mode, timeout=400)
+    finally:
+        if mode == "netns":
+            _teardown_netns()
+    assert [r[1:] for r in results] == [(True, 0), (True, 1), (True, 0), (True, 1)]
+    assert results[0][0] == results[3][0] and "p2p" in results[0][0]

@@ -8,6 +8,9 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -37,6 +40,41 @@ inline void cpu_relax() {
 }
 
 using Clock = std::chrono::steady_clock;
+
+// Copies of large collectives go to or come from memory that is not read
+// again soon by this core (the peers read the slots; a large output is past
+// the cache anyway): non-temporal stores skip the read-for-ownership of every
+// destination line (single-thread copy of 128 MiB here: 25 vs 20 GB/s).
+constexpr size_t kStreamingCopyBytes = size_t{256} << 10;
+
+void copy(void* dst, const void* src, size_t n) {
+#if defined(__SSE2__)
+  if (n >= kStreamingCopyBytes) {
+    char* d = static_cast<char*>(dst);
+    const char* s = static_cast<const char*>(src);
+    size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+    std::memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    size_t body = n & ~size_t{63};
+    for (size_t i = 0; i < body; i += 64) {
+      __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+    _mm_sfence();  // the stores are visible before the phase is published
+    std::memcpy(d + body, s + body, n - body);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
 
 }  // namespace
 
@@ -354,7 +392,7 @@ void ShmGroup::all_reduce_small(char* data, size_t count, DType dt, ReduceOp op,
                                 double factor) {
   begin_step("all_reduce");
   size_t bytes = count * dtype_size(dt);
-  std::memcpy(data_slot(rank_), data, bytes);
+  copy(data_slot(rank_), data, bytes);
   publish(1);
   wait_peers(1, "all_reduce");
   std::vector<const void*> srcs(size_);
@@ -372,7 +410,7 @@ void ShmGroup::all_reduce_large(char* data, size_t count, DType dt, ReduceOp op,
     size_t n = std::min(chunk, count - off);
     begin_step("all_reduce");
     char* mine = data + off * es;
-    std::memcpy(data_slot(rank_), mine, n * es);
+    copy(data_slot(rank_), mine, n * es);
     publish(1);
     wait_peers(1, "all_reduce");
     // Reduce-scatter: this rank reduces its slice into its result slot.
@@ -388,7 +426,7 @@ void ShmGroup::all_reduce_large(char* data, size_t count, DType dt, ReduceOp op,
     // All-gather of the reduced slices.
     for (int r = 0; r < size_; ++r) {
       size_t rlo = std::min(n, per * r), rhi = std::min(n, rlo + per);
-      if (rhi > rlo) std::memcpy(mine + rlo * es, result_slot(r) + rlo * es, (rhi - rlo) * es);
+      if (rhi > rlo) copy(mine + rlo * es, result_slot(r) + rlo * es, (rhi - rlo) * es);
     }
     publish(3);
   }
@@ -402,11 +440,11 @@ void ShmGroup::broadcast(void* data, size_t bytes, int root) {
   for (size_t off = 0; off < bytes; off += chunk) {
     size_t n = std::min(chunk, bytes - off);
     begin_step("broadcast");
-    if (rank_ == root) std::memcpy(data_slot(rank_), p + off, n);
+    if (rank_ == root) copy(data_slot(rank_), p + off, n);
     publish(1);
     if (rank_ != root) {
       wait_peers(1, "broadcast", root);
-      std::memcpy(p + off, data_slot(root), n);
+      copy(p + off, data_slot(root), n);
     }
     publish(3);
   }
@@ -430,7 +468,7 @@ void ShmGroup::reduce(void* data, size_t count, DType dt, ReduceOp op, int root,
   for (size_t off = 0; off < count; off += chunk) {
     size_t n = std::min(chunk, count - off);
     begin_step("reduce");
-    std::memcpy(data_slot(rank_), p + off * es, n * es);
+    copy(data_slot(rank_), p + off * es, n * es);
     publish(1);
     if (rank_ == root) {
       wait_peers(1, "reduce");
@@ -452,11 +490,11 @@ void ShmGroup::all_gather(const void* input, size_t bytes, void* const* outputs)
   for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += chunk) {
     size_t n = std::min(chunk, bytes - off);
     begin_step("all_gather");
-    std::memcpy(data_slot(rank_), in + off, n);
+    copy(data_slot(rank_), in + off, n);
     publish(1);
     wait_peers(1, "all_gather");
     for (int r = 0; r < size_; ++r) {
-      std::memcpy(static_cast<char*>(outputs[r]) + off, data_slot(r), n);
+      copy(static_cast<char*>(outputs[r]) + off, data_slot(r), n);
     }
     publish(3);
     if (bytes == 0) break;
@@ -474,12 +512,12 @@ void ShmGroup::gather(const void* input, size_t bytes, void* const* outputs, int
   for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += chunk) {
     size_t n = std::min(chunk, bytes - off);
     begin_step("gather");
-    std::memcpy(data_slot(rank_), in + off, n);
+    copy(data_slot(rank_), in + off, n);
     publish(1);
     if (rank_ == root) {
       wait_peers(1, "gather");
       for (int r = 0; r < size_; ++r) {
-        std::memcpy(static_cast<char*>(outputs[r]) + off, data_slot(r), n);
+        copy(static_cast<char*>(outputs[r]) + off, data_slot(r), n);
       }
     }
     publish(3);
@@ -500,12 +538,12 @@ void ShmGroup::scatter(const void* const* inputs, size_t bytes, void* output, in
     begin_step("scatter");
     if (rank_ == root) {
       for (int r = 0; r < size_; ++r) {
-        std::memcpy(data_slot(rank_) + r * chunk, static_cast<const char*>(inputs[r]) + off, n);
+        copy(data_slot(rank_) + r * chunk, static_cast<const char*>(inputs[r]) + off, n);
       }
     }
     publish(1);
     wait_peers(1, "scatter", root);
-    std::memcpy(out + off, data_slot(root) + rank_ * chunk, n);
+    copy(out + off, data_slot(root) + rank_ * chunk, n);
     publish(3);
     if (bytes == 0) break;
   }
@@ -526,7 +564,7 @@ void ShmGroup::reduce_scatter(const void* const* inputs, void* output, size_t co
     size_t n = std::min(chunk, count - off);
     begin_step("reduce_scatter");
     for (int r = 0; r < size_; ++r) {
-      std::memcpy(data_slot(rank_) + r * chunk * es,
+      copy(data_slot(rank_) + r * chunk * es,
                   static_cast<const char*>(inputs[r]) + off * es, n * es);
     }
     publish(1);
@@ -575,7 +613,7 @@ void ShmGroup::all_to_all(const void* const* inputs, const size_t* send_bytes,
     begin_step("all_to_all");
     for (int r = 0; r < size_; ++r) {
       if (send_bytes[r] > off) {
-        std::memcpy(data_slot(rank_) + r * window, static_cast<const char*>(inputs[r]) + off,
+        copy(data_slot(rank_) + r * window, static_cast<const char*>(inputs[r]) + off,
                     std::min(window, send_bytes[r] - off));
       }
     }
@@ -583,7 +621,7 @@ void ShmGroup::all_to_all(const void* const* inputs, const size_t* send_bytes,
     wait_peers(1, "all_to_all");
     for (int r = 0; r < size_; ++r) {
       if (recv_bytes[r] > off) {
-        std::memcpy(static_cast<char*>(outputs[r]) + off, data_slot(r) + rank_ * window,
+        copy(static_cast<char*>(outputs[r]) + off, data_slot(r) + rank_ * window,
                     std::min(window, recv_bytes[r] - off));
       }
     }

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -54,8 +55,10 @@ class WorkAxon : public c10d::Work {
  public:
   WorkAxon(int rank, OpType type, const char* profiling_title, c10::DeviceIndex device,
            std::shared_ptr<OpState> state, c10::Event end,
-           c10::intrusive_ptr<c10::ivalue::Future> future, std::vector<at::Tensor> outputs)
+           c10::intrusive_ptr<c10::ivalue::Future> future, std::vector<at::Tensor> outputs,
+           bool ran_inline = false)
       : c10d::Work(rank, type, profiling_title),
+        ran_inline_(ran_inline),
         device_(device),
         state_(std::move(state)),
         end_(std::move(end)),
@@ -83,6 +86,7 @@ class WorkAxon : public c10d::Work {
   bool wait(std::chrono::milliseconds /*timeout*/) override {
     std::string e = state_->get_error();
     if (!e.empty()) throw_dist_error(e);
+    if (ran_inline_) return true;  // finished before the call returned
     c10::Stream current = getCurrentAxonStream(device_);
     end_.block(current);
     auto state = state_;
@@ -111,6 +115,7 @@ class WorkAxon : public c10d::Work {
   }
 
  private:
+  bool ran_inline_;
   c10::DeviceIndex device_;
   std::shared_ptr<OpState> state_;
   c10::Event end_;
@@ -206,30 +211,61 @@ struct Op {
   bool p2p = false;
   comm::P2POp p2p_op{};
   std::function<void(comm::ShmGroup&)> fn;
+  // A small collective the caller does not run asynchronously: when both
+  // streams are idle it runs on the calling thread (see enqueue_on).
+  bool may_run_inline = false;
 };
 
 class ProcessGroupAxon : public c10d::Backend {
  public:
+  // host_of[r]: the host index of global rank r (equal for all: one host).
+  // With several hosts, `leaders` is a gloo group of the lowest rank of each
+  // host (null on other ranks) and `global` a gloo group of all ranks.
   ProcessGroupAxon(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                   std::chrono::milliseconds timeout)
+                   std::chrono::milliseconds timeout, std::vector<int> host_of,
+                   c10::intrusive_ptr<c10d::Backend> leaders,
+                   c10::intrusive_ptr<c10d::Backend> global)
       : c10d::Backend(rank, size), timeout_(timeout) {
     TORCH_CHECK(store, "ProcessGroupAxon needs a store");
+    if (host_of.empty()) host_of.assign(size, 0);
+    TORCH_CHECK(static_cast<int>(host_of.size()) == size,
+                "ProcessGroupAxon: host_of must have one entry per rank");
+    int my_host = host_of[rank];
+    host_of_ = host_of;
+    {
+      std::vector<int> firsts;  // hosts in the order of their lowest rank
+      for (int r = 0; r < size; ++r) {
+        if (std::find(firsts.begin(), firsts.end(), host_of[r]) == firsts.end()) firsts.push_back(host_of[r]);
+      }
+      for (size_t i = 0; i < firsts.size(); ++i) host_order_[firsts[i]] = static_cast<int>(i);
+    }
+    for (int r = 0; r < size; ++r) {
+      if (host_of[r] == my_host) local_ranks_.push_back(r);
+      if (host_of[r] != my_host) multi_host_ = true;
+    }
+    local_rank_ = static_cast<int>(std::find(local_ranks_.begin(), local_ranks_.end(), rank) -
+                                   local_ranks_.begin());
+    if (multi_host_) {
+      TORCH_CHECK(global, "ProcessGroupAxon: ranks on several hosts need a gloo group");
+      TORCH_CHECK(local_rank_ != 0 || leaders, "ProcessGroupAxon: host leaders need a gloo group");
+      leaders_ = std::move(leaders);
+      global_ = std::move(global);
+    }
+    std::string key = "axon_shm_name/" + std::to_string(my_host);
     std::string name;
     static std::atomic<int> counter{0};
-    if (rank == 0) {
-      std::random_device rd;
-      name = "axon-pg-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
-             std::to_string(rd());
-    }
     comm::Config config = config_from_env(timeout);
     try {
-      if (rank == 0) {
-        shm_ = std::make_shared<comm::ShmGroup>(name, rank, size, config);
-        store->set("axon_shm_name", std::vector<uint8_t>(name.begin(), name.end()));
+      if (local_rank_ == 0) {
+        std::random_device rd;
+        name = "axon-pg-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
+               std::to_string(rd());
+        shm_ = std::make_shared<comm::ShmGroup>(name, 0, local_ranks_.size(), config);
+        store->set(key, std::vector<uint8_t>(name.begin(), name.end()));
       } else {
-        auto bytes = store->get("axon_shm_name");
+        auto bytes = store->get(key);
         name.assign(bytes.begin(), bytes.end());
-        shm_ = std::make_shared<comm::ShmGroup>(name, rank, size, config);
+        shm_ = std::make_shared<comm::ShmGroup>(name, local_rank_, local_ranks_.size(), config);
       }
       shm_->attach_all();
     } catch (const comm::CommError& e) {
@@ -242,6 +278,13 @@ class ProcessGroupAxon : public c10d::Backend {
     for (auto& [dev, stream] : streams_) {
       try {
         ::axon::rt::stream_synchronize(to_rt(stream));
+      } catch (...) {
+      }
+    }
+    std::lock_guard<std::mutex> lock(gloo_sends_->mu);
+    for (auto& [work, data] : gloo_sends_->works) {
+      try {
+        work->wait();
       } catch (...) {
       }
     }
@@ -263,9 +306,30 @@ class ProcessGroupAxon : public c10d::Backend {
     char* p = ptr(t);
     size_t n = nbytes(t);
     int root = static_cast<int>(opts.rootRank);
-    return enqueue(OpType::BROADCAST, op, {t}, {t}, [=](comm::ShmGroup& g) {
-      g.broadcast(p, n, root);
-    });
+    if (multi_host_) {
+      // The root's host: a host broadcast from the root (its leader gets it);
+      // leaders: gloo broadcast from the root host's leader; other hosts: a
+      // host broadcast from their leader.
+      auto it = std::find(local_ranks_.begin(), local_ranks_.end(), root);
+      bool root_host = it != local_ranks_.end();
+      int local_root = root_host ? static_cast<int>(it - local_ranks_.begin()) : 0;
+      int root_leader_index = leader_index_of(root);
+      auto leaders = leaders_;
+      at::Tensor view = cpu_view(t);
+      return enqueue(OpType::BROADCAST, op, {t}, {t}, [=](comm::ShmGroup& g) mutable {
+        if (root_host) g.broadcast(p, n, local_root);
+        if (g.rank() == 0) {
+          std::vector<at::Tensor> v = {view};
+          c10d::BroadcastOptions b;
+          b.rootRank = root_leader_index;
+          leaders->broadcast(v, b)->wait();
+        }
+        if (!root_host) g.broadcast(p, n, 0);
+      });
+    }
+    return enqueue(OpType::BROADCAST, op, {t}, {t},
+                   Op{op, false, {}, [=](comm::ShmGroup& g) { g.broadcast(p, n, root); },
+                      small_sync(opts.asyncOp, n)});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
@@ -278,9 +342,32 @@ class ProcessGroupAxon : public c10d::Backend {
     comm::DType dt = to_comm(t.scalar_type(), op);
     char* p = ptr(t);
     size_t n = comm_count(t);
-    return enqueue(OpType::ALLREDUCE, op, {t}, {t}, [=](comm::ShmGroup& g) {
-      g.all_reduce(p, n, dt, r.op, r.factor);
-    });
+    if (multi_host_) {
+      // Host sum at the leader, leaders' all_reduce over gloo, host broadcast.
+      bool scaled = r.op == comm::ReduceOp::kAvg || r.op == comm::ReduceOp::kPremulSum;
+      comm::ReduceOp local = scaled ? comm::ReduceOp::kSum : r.op;
+      double factor = r.op == comm::ReduceOp::kAvg ? 1.0 / getSize() : r.factor;
+      c10d::AllreduceOptions gopts;
+      gopts.reduceOp = scaled ? c10d::ReduceOp(c10d::ReduceOp::SUM) : opts.reduceOp;
+      auto leaders = leaders_;
+      at::Tensor view = cpu_view(t);
+      size_t bytes = nbytes(t);
+      return enqueue(OpType::ALLREDUCE, op, {t}, {t}, [=](comm::ShmGroup& g) mutable {
+        g.reduce(p, n, dt, local, 0);
+        if (g.rank() == 0) {
+          std::vector<at::Tensor> v = {view};
+          leaders->allreduce(v, gopts)->wait();
+          if (scaled) {
+            const void* src = p;
+            comm::reduce(dt, comm::ReduceOp::kPremulSum, p, &src, 1, n, factor);
+          }
+        }
+        g.broadcast(p, bytes, 0);
+      });
+    }
+    return enqueue(OpType::ALLREDUCE, op, {t}, {t},
+                   Op{op, false, {}, [=](comm::ShmGroup& g) { g.all_reduce(p, n, dt, r.op, r.factor); },
+                      small_sync(opts.asyncOp, nbytes(t))});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -292,6 +379,18 @@ class ProcessGroupAxon : public c10d::Backend {
       check_tensor(t, op);
       parts.emplace_back(ptr(t), comm_count(t), to_comm(t.scalar_type(), op),
                          to_comm(opts.reduceOp, t, op));
+    }
+    if (multi_host_) {
+      auto [gop, factor] = gloo_reduce(opts.reduceOp, tensors[0]);
+      c10d::AllreduceCoalescedOptions o;
+      o.reduceOp = gop;
+      return on_global(OpType::ALLREDUCE_COALESCED, op, tensors, tensors,
+                       [v = cpu_views(tensors), o, factor](c10d::Backend& g) mutable {
+                         auto w = g.allreduce_coalesced(v, o);
+                         w->wait();
+                         for (auto& t : v) scale(t, factor);
+                         return c10::intrusive_ptr<c10d::Work>();
+                       });
     }
     return enqueue(OpType::ALLREDUCE_COALESCED, op, tensors, tensors,
                    [parts](comm::ShmGroup& g) {
@@ -309,6 +408,24 @@ class ProcessGroupAxon : public c10d::Backend {
     char* p = ptr(t);
     size_t n = comm_count(t);
     int root = static_cast<int>(opts.rootRank);
+    if (multi_host_) {
+      auto [gop, factor] = gloo_reduce(opts.reduceOp, t);
+      c10d::ReduceOptions o = opts;
+      o.reduceOp = gop;
+      bool is_root = getRank() == root;
+      return on_global(OpType::REDUCE, op, {t}, {t},
+                       [v = cpu_views({t}), o, factor, is_root](c10d::Backend& g) mutable {
+                         // On a copy: gloo uses non-root buffers as scratch,
+                         // NCCL (and the shared-memory path) leave them alone.
+                         std::vector<at::Tensor> buf = {v[0].clone()};
+                         g.reduce(buf, o)->wait();
+                         if (is_root) {
+                           v[0].copy_(buf[0]);
+                           scale(v[0], factor);
+                         }
+                         return c10::intrusive_ptr<c10d::Work>();
+                       });
+    }
     return enqueue(OpType::REDUCE, op, {t}, {t}, [=](comm::ShmGroup& g) {
       g.reduce(p, n, dt, r.op, root, r.factor);
     });
@@ -328,13 +445,20 @@ class ProcessGroupAxon : public c10d::Backend {
     size_t n = nbytes(in);
     std::vector<at::Tensor> all = outs;
     all.push_back(in);
+    if (multi_host_) {
+      std::vector<std::vector<at::Tensor>> vo = {cpu_views(outs)};
+      return on_global(OpType::ALLGATHER, op, all, outs,
+                       [vo, vi = cpu_views({in})](c10d::Backend& g) mutable {
+                         return g.allgather(vo, vi);
+                       });
+    }
     return enqueue(OpType::ALLGATHER, op, all, outs, [=](comm::ShmGroup& g) {
       g.all_gather(src, n, dst.data());
     });
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions&) override {
+                                                 const c10d::AllgatherOptions& opts) override {
     const char* op = "all_gather_into_tensor";
     check_tensor(input, op);
     check_tensor(output, op);
@@ -346,8 +470,15 @@ class ProcessGroupAxon : public c10d::Backend {
     std::vector<void*> dst;
     for (int r = 0; r < getSize(); ++r) dst.push_back(ptr(output) + r * n);
     const char* src = ptr(input);
+    if (multi_host_) {
+      return on_global(OpType::_ALLGATHER_BASE, op, {input, output}, {output},
+                       [vo = cpu_view(output), vi = cpu_view(input)](c10d::Backend& g) mutable {
+                         return g._allgather_base(vo, vi);
+                       });
+    }
     return enqueue(OpType::_ALLGATHER_BASE, op, {input, output}, {output},
-                   [=](comm::ShmGroup& g) { g.all_gather(src, n, dst.data()); });
+                   Op{op, false, {}, [=](comm::ShmGroup& g) { g.all_gather(src, n, dst.data()); },
+                      small_sync(opts.asyncOp, nbytes(output))});
   }
 
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
@@ -372,6 +503,17 @@ class ProcessGroupAxon : public c10d::Backend {
       sizes.push_back(n);
       all.push_back(inputs[i]);
       all.push_back(outputs[i]);
+    }
+    if (multi_host_) {
+      return on_global(OpType::COALESCED, op, all, outputs,
+                       [vo = cpu_views(outputs), vi = cpu_views(inputs)](c10d::Backend& g) mutable {
+                         c10::intrusive_ptr<c10d::Work> w;
+                         for (size_t i = 0; i < vi.size(); ++i) {
+                           w = g._allgather_base(vo[i], vi[i]);
+                           w->wait();
+                         }
+                         return c10::intrusive_ptr<c10d::Work>();
+                       });
     }
     return enqueue(OpType::COALESCED, op, all, outputs, [=](comm::ShmGroup& g) {
       for (size_t i = 0; i < parts.size(); ++i) {
@@ -402,6 +544,14 @@ class ProcessGroupAxon : public c10d::Backend {
       sizes.push_back(nbytes(inputs[i]));
       all.push_back(inputs[i]);
     }
+    if (multi_host_) {
+      std::vector<std::vector<at::Tensor>> vo;
+      for (auto& l : outputs) vo.push_back(cpu_views(l));
+      return on_global(OpType::ALLGATHER_COALESCED, op, all, outs,
+                       [vo, vi = cpu_views(inputs)](c10d::Backend& g) mutable {
+                         return g.allgather_coalesced(vo, vi);
+                       });
+    }
     return enqueue(OpType::ALLGATHER_COALESCED, op, all, outs, [=](comm::ShmGroup& g) {
       for (size_t i = 0; i < parts.size(); ++i) {
         g.all_gather(parts[i].first, sizes[i], parts[i].second.data());
@@ -431,6 +581,14 @@ class ProcessGroupAxon : public c10d::Backend {
     }
     const char* src = ptr(in);
     size_t n = nbytes(in);
+    if (multi_host_) {
+      std::vector<std::vector<at::Tensor>> vo;
+      for (auto& l : outputs) vo.push_back(cpu_views(l));
+      return on_global(OpType::GATHER, op, all, outs,
+                       [vo, vi = cpu_views({in}), opts](c10d::Backend& g) mutable {
+                         return g.gather(vo, vi, opts);
+                       });
+    }
     return enqueue(OpType::GATHER, op, all, outs, [=](comm::ShmGroup& g) {
       g.gather(src, n, dst.data(), root);
     });
@@ -457,6 +615,14 @@ class ProcessGroupAxon : public c10d::Backend {
     }
     char* dst = ptr(out);
     size_t n = nbytes(out);
+    if (multi_host_) {
+      std::vector<std::vector<at::Tensor>> vi;
+      for (auto& l : inputs) vi.push_back(cpu_views(l));
+      return on_global(OpType::SCATTER, op, all, {out},
+                       [vo = cpu_views({out}), vi, opts](c10d::Backend& g) mutable {
+                         return g.scatter(vo, vi, opts);
+                       });
+    }
     return enqueue(OpType::SCATTER, op, all, {out}, [=](comm::ShmGroup& g) {
       g.scatter(src.data(), n, dst, root);
     });
@@ -477,6 +643,19 @@ class ProcessGroupAxon : public c10d::Backend {
     all.push_back(out);
     char* dst = ptr(out);
     size_t n = comm_count(out);
+    if (multi_host_) {
+      auto [gop, factor] = gloo_reduce(opts.reduceOp, out);
+      c10d::ReduceScatterOptions o;
+      o.reduceOp = gop;
+      std::vector<std::vector<at::Tensor>> vi = {cpu_views(inputs[0])};
+      return on_global(OpType::REDUCE_SCATTER, op, all, {out},
+                       [vo = cpu_views({out}), vi, o, factor](c10d::Backend& g) mutable {
+                         auto w = g.reduce_scatter(vo, vi, o);
+                         w->wait();
+                         scale(vo[0], factor);
+                         return c10::intrusive_ptr<c10d::Work>();
+                       });
+    }
     return enqueue(OpType::REDUCE_SCATTER, op, all, {out}, [=](comm::ShmGroup& g) {
       g.reduce_scatter(src.data(), dst, n, dt, r.op, r.factor);
     });
@@ -498,6 +677,18 @@ class ProcessGroupAxon : public c10d::Backend {
     std::vector<const void*> src;
     for (int q = 0; q < getSize(); ++q) src.push_back(ptr(input) + q * step);
     char* dst = ptr(output);
+    if (multi_host_) {
+      auto [gop, factor] = gloo_reduce(opts.reduceOp, output);
+      c10d::ReduceScatterOptions o;
+      o.reduceOp = gop;
+      return on_global(OpType::_REDUCE_SCATTER_BASE, op, {input, output}, {output},
+                       [vo = cpu_view(output), vi = cpu_view(input), o, factor,
+                        rank = getRank(), size = getSize()](c10d::Backend& g) mutable {
+                         reduce_scatter_via_allreduce(g, vo, vi, o.reduceOp, rank, size);
+                         scale(vo, factor);
+                         return c10::intrusive_ptr<c10d::Work>();
+                       });
+    }
     return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {input, output}, {output},
                    [=](comm::ShmGroup& g) { g.reduce_scatter(src.data(), dst, n, dt, r.op, r.factor); });
   }
@@ -533,6 +724,20 @@ class ProcessGroupAxon : public c10d::Backend {
       parts.push_back(std::move(p));
       all.push_back(inputs[i]);
       all.push_back(outputs[i]);
+    }
+    if (multi_host_) {
+      auto [gop, factor] = gloo_reduce(opts.reduceOp, outputs[0]);
+      c10d::ReduceScatterOptions o;
+      o.reduceOp = gop;
+      return on_global(OpType::COALESCED, op, all, outputs,
+                       [vo = cpu_views(outputs), vi = cpu_views(inputs), o, factor,
+                        rank = getRank(), size = getSize()](c10d::Backend& g) mutable {
+                         for (size_t i = 0; i < vi.size(); ++i) {
+                           reduce_scatter_via_allreduce(g, vo[i], vi[i], o.reduceOp, rank, size);
+                           scale(vo[i], factor);
+                         }
+                         return c10::intrusive_ptr<c10d::Work>();
+                       });
     }
     return enqueue(OpType::COALESCED, op, all, outputs, [parts](comm::ShmGroup& g) {
       for (auto& p : parts) g.reduce_scatter(p.src.data(), p.dst, p.n, p.dt, p.r.op, p.r.factor);
@@ -581,6 +786,13 @@ class ProcessGroupAxon : public c10d::Backend {
       so += sb[r];
       ro += rb[r];
     }
+    if (multi_host_) {
+      return on_global(OpType::ALLTOALL_BASE, op, {input, output}, {output},
+                       [vo = cpu_view(output), vi = cpu_view(input), os = output_split_sizes,
+                        is = input_split_sizes](c10d::Backend& g) mutable {
+                         return g.alltoall_base(vo, vi, os, is);
+                       });
+    }
     return enqueue(OpType::ALLTOALL_BASE, op, {input, output}, {output},
                    [=](comm::ShmGroup& g) { g.all_to_all(src.data(), sb.data(), dst.data(), rb.data()); });
   }
@@ -609,6 +821,33 @@ class ProcessGroupAxon : public c10d::Backend {
       all.push_back(inputs[r]);
       all.push_back(outputs[r]);
     }
+    if (multi_host_) {
+      return on_global(OpType::ALLTOALL, op, all, outputs,
+                       [vo = cpu_views(outputs), vi = cpu_views(inputs)](c10d::Backend& g) mutable {
+                         // gloo's list all_to_all needs equal sizes: one flat
+                         // all_to_all_single with the lists' sizes as splits.
+                         std::vector<at::Tensor> flat_in;
+                         std::vector<int64_t> in_splits, out_splits;
+                         int64_t out_total = 0;
+                         for (auto& t : vi) {
+                           flat_in.push_back(t.reshape(-1));
+                           in_splits.push_back(t.numel());
+                         }
+                         for (auto& t : vo) {
+                           out_splits.push_back(t.numel());
+                           out_total += t.numel();
+                         }
+                         at::Tensor in = at::cat(flat_in);
+                         at::Tensor out = at::empty({out_total}, in.options());
+                         g.alltoall_base(out, in, out_splits, in_splits)->wait();
+                         int64_t off = 0;
+                         for (auto& t : vo) {
+                           t.copy_(out.narrow(0, off, t.numel()).view(t.sizes()));
+                           off += t.numel();
+                         }
+                         return c10::intrusive_ptr<c10d::Work>();
+                       });
+    }
     return enqueue(OpType::ALLTOALL, op, all, outputs, [=](comm::ShmGroup& g) {
       g.all_to_all(src.data(), sb.data(), dst.data(), rb.data());
     });
@@ -619,6 +858,29 @@ class ProcessGroupAxon : public c10d::Backend {
     const char* op = "send";
     at::Tensor t = single(tensors, op);
     check_peer(dst, op);
+    if (multi_host_) {
+      // The data is copied and the send posted without waiting for the
+      // receiver (which may be behind a send of its own, as in a ring of
+      // isend/irecv): the buffer is free at once, as with the shared-memory
+      // ring buffer.  Sends in flight are kept until they complete.
+      auto global = global_;
+      auto pending = gloo_pending_;
+      auto sends = gloo_sends_;
+      return enqueue(OpType::SEND, op, {t}, {},
+                     [global, pending, sends, v = cpu_view(t), dst](comm::ShmGroup&) mutable {
+                       std::vector<at::Tensor> tv = {v.clone()};
+                       auto w = global->send(tv, dst, 0);
+                       if (pending) {
+                         pending->push_back(w);
+                       }
+                       std::lock_guard<std::mutex> lock(sends->mu);
+                       auto& in_flight = sends->works;
+                       in_flight.erase(std::remove_if(in_flight.begin(), in_flight.end(),
+                                                      [](auto& p) { return p.first->isCompleted(); }),
+                                       in_flight.end());
+                       in_flight.emplace_back(w, tv[0]);
+                     });
+    }
     Op o{op, true, comm::P2POp{true, dst, ptr(t), nbytes(t)}, nullptr};
     return enqueue(OpType::SEND, op, {t}, {}, std::move(o));
   }
@@ -628,6 +890,15 @@ class ProcessGroupAxon : public c10d::Backend {
     const char* op = "recv";
     at::Tensor t = single(tensors, op);
     check_peer(src, op);
+    if (multi_host_) {
+      auto global = global_;
+      auto pending = gloo_pending_;
+      return enqueue(OpType::RECV, op, {t}, {t},
+                     [global, pending, v = cpu_views({t}), src](comm::ShmGroup&) mutable {
+                       auto w = global->recv(v, src, 0);
+                       if (pending) pending->push_back(w); else w->wait();
+                     });
+    }
     Op o{op, true, comm::P2POp{false, src, ptr(t), nbytes(t)}, nullptr};
     return enqueue(OpType::RECV, op, {t}, {t}, std::move(o));
   }
@@ -643,8 +914,14 @@ class ProcessGroupAxon : public c10d::Backend {
     c10::DeviceIndex device = opts.device.has_value() && opts.device->type() == kAxon
                                   ? resolve_index(*opts.device)
                                   : (device_ >= 0 ? device_ : current_device());
+    auto leaders = leaders_;
+    bool mh = multi_host_;
     auto work = enqueue_on(device, OpType::BARRIER, op, {}, {},
-                           Op{op, false, {}, [](comm::ShmGroup& g) { g.barrier(); }});
+                           Op{op, false, {}, [leaders, mh](comm::ShmGroup& g) {
+                                g.barrier();
+                                if (mh && g.rank() == 0) leaders->barrier()->wait();
+                                if (mh) g.barrier();
+                              }, true});
     if (!coalescing_) static_cast<WorkAxon*>(work.get())->hostWait();
     return work;
   }
@@ -653,6 +930,7 @@ class ProcessGroupAxon : public c10d::Backend {
     TORCH_CHECK(!coalescing_, "ProcessGroupAxon: coalescing already started");
     coalescing_ = true;
     coalesced_.clear();
+    if (multi_host_) gloo_pending_ = std::make_shared<std::vector<c10::intrusive_ptr<c10d::Work>>>();
     coalesced_tensors_.clear();
     coalesced_outputs_.clear();
   }
@@ -663,7 +941,9 @@ class ProcessGroupAxon : public c10d::Backend {
     std::vector<Op> ops = std::move(coalesced_);
     coalesced_.clear();
     c10::DeviceIndex device = device_ >= 0 ? device_ : current_device();
-    Op all{"coalesced", false, {}, [ops](comm::ShmGroup& g) {
+    auto pending = std::move(gloo_pending_);
+    gloo_pending_.reset();
+    Op all{"coalesced", false, {}, [ops, pending](comm::ShmGroup& g) {
       // Consecutive point-to-point operations progress together.
       std::vector<comm::P2POp> batch;
       for (const Op& o : ops) {
@@ -678,6 +958,9 @@ class ProcessGroupAxon : public c10d::Backend {
         o.fn(g);
       }
       if (!batch.empty()) g.send_recv_batch(batch);
+      if (pending) {
+        for (auto& w : *pending) w->wait();
+      }
     }};
     return enqueue_on(device, OpType::COALESCED, "coalesced", std::move(coalesced_tensors_),
                       std::move(coalesced_outputs_), std::move(all));
@@ -686,7 +969,70 @@ class ProcessGroupAxon : public c10d::Backend {
   // Test hook: the name of the communication stream's runtime stream.
   int64_t commStreamId(c10::DeviceIndex device) { return commStream(device).id(); }
 
+  // Test hook: whether the group spans several hosts, and this rank's host-local rank.
+  bool multiHost() const { return multi_host_; }
+  int localRank() const { return local_rank_; }
+
  private:
+  // ------------------------------------------------------------ several hosts
+  //
+  // all_reduce, broadcast and barrier are hierarchical: shared memory within
+  // the host, gloo between the hosts' leaders (lowest rank of each host) on
+  // CPU views of the device buffers (device memory is host-addressable).
+  // The other collectives run on gloo over all ranks.
+
+  // The rank in the leaders' group of the leader of `rank`'s host (hosts are
+  // ordered by their lowest rank, as the Python side creates that group).
+  int leader_index_of(int rank) const { return host_order_.at(host_of_.at(rank)); }
+
+  static at::Tensor cpu_view(const at::Tensor& t) {
+    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(),
+                         at::TensorOptions().dtype(t.dtype()).device(at::kCPU));
+  }
+  static std::vector<at::Tensor> cpu_views(const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> out;
+    for (const auto& t : ts) out.push_back(cpu_view(t));
+    return out;
+  }
+
+  // gloo has no AVG or PREMUL_SUM: SUM, then scale by the returned factor (0: none).
+  std::pair<c10d::ReduceOp, double> gloo_reduce(const c10d::ReduceOp& op, const at::Tensor& t) {
+    Reduction r = to_comm(op, t, "reduction");
+    if (r.op == comm::ReduceOp::kAvg) return {c10d::ReduceOp(c10d::ReduceOp::SUM), 1.0 / getSize()};
+    if (r.op == comm::ReduceOp::kPremulSum) return {c10d::ReduceOp(c10d::ReduceOp::SUM), r.factor};
+    return {op, 0.0};
+  }
+  // gloo's reduce_scatter_tensor(_coalesced) in torch 2.13 always sums (it
+  // drops the op); this is what it does, with the op.
+  static void reduce_scatter_via_allreduce(c10d::Backend& g, at::Tensor& out, const at::Tensor& in,
+                                           const c10d::ReduceOp& op, int rank, int size) {
+    std::vector<at::Tensor> buf = {in.clone()};
+    c10d::AllreduceOptions ao;
+    ao.reduceOp = op;
+    g.allreduce(buf, ao)->wait();
+    out.copy_(buf[0].chunk(size)[rank]);
+  }
+
+  static void scale(const at::Tensor& t, double factor) {
+    if (factor == 0.0 || t.numel() == 0) return;
+    comm::DType dt = to_comm(t.scalar_type(), "scale");
+    const void* src = t.data_ptr();
+    comm::reduce(dt, comm::ReduceOp::kPremulSum, t.data_ptr(), &src, 1, comm_count(t), factor);
+  }
+
+  // Runs a gloo collective (over all ranks) as stream work.
+  c10::intrusive_ptr<c10d::Work> on_global(OpType type, const char* name,
+                                           std::vector<at::Tensor> tensors,
+                                           std::vector<at::Tensor> outputs,
+                                           std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)> fn) {
+    auto global = global_;
+    return enqueue(type, name, std::move(tensors), std::move(outputs),
+                   [global, fn](comm::ShmGroup&) {
+                     // fn waits itself when it post-processes (returns null).
+                     if (auto w = fn(*global)) w->wait();
+                   });
+  }
+
   // ------------------------------------------------------------ checks
 
   void check_tensor(const at::Tensor& t, const char* op) {
@@ -732,6 +1078,10 @@ class ProcessGroupAxon : public c10d::Backend {
       TORCH_CHECK(t.numel() == like.numel(), "ProcessGroupAxon: ", op, ": every ", what,
                   " tensor must have ", like.numel(), " elements, got ", t.numel());
     }
+  }
+
+  bool small_sync(bool async_op, size_t bytes) const {
+    return !async_op && bytes <= shm_->config().small_bytes;
   }
 
   void check_root(int64_t root, const char* op) {
@@ -791,6 +1141,25 @@ class ProcessGroupAxon : public c10d::Backend {
     }
     c10::Stream current = getCurrentAxonStream(device);
     c10::Stream comm_stream = commStream(device);
+    if (op.may_run_inline && !op.p2p && ::axon::rt::stream_query(to_rt(current)) &&
+        ::axon::rt::stream_query(to_rt(comm_stream))) {
+      // Latency: a small synchronous collective with nothing queued before it
+      // runs here, on the calling thread, instead of waking the stream
+      // workers (3 thread switches per rank on few cores).  Stream order is
+      // kept: both streams are idle, so its inputs are final, and it is done
+      // before anything queued after it.
+      auto state = std::make_shared<OpState>();
+      try {
+        run_op(*shm_, *state, timeout_, name, [&] { op.fn(*shm_); });
+      } catch (const std::exception& e) {
+        throw_dist_error(e.what());
+      }
+      auto future = c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()));
+      future->markCompleted(c10::IValue(outputs));
+      return c10::make_intrusive<WorkAxon>(getRank(), type, name, device, state,
+                                           c10::Event(kAxon), future, std::move(outputs), true);
+    }
     // The collective runs after the work that produced its inputs.
     c10::Event ready(kAxon);
     ready.record(current);
@@ -847,6 +1216,20 @@ class ProcessGroupAxon : public c10d::Backend {
   }
 
   std::chrono::milliseconds timeout_;
+  bool multi_host_ = false;
+  std::vector<int> local_ranks_;  // the global ranks on this host
+  std::vector<int> host_of_;
+  std::map<int, int> host_order_;
+  int local_rank_ = 0;
+  c10::intrusive_ptr<c10d::Backend> leaders_, global_;
+  // gloo sends/receives posted inside a coalesced batch, waited for at its end.
+  std::shared_ptr<std::vector<c10::intrusive_ptr<c10d::Work>>> gloo_pending_;
+  // gloo sends in flight and their data (several hosts).
+  struct GlooSends {
+    std::mutex mu;
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> works;
+  };
+  std::shared_ptr<GlooSends> gloo_sends_ = std::make_shared<GlooSends>();
   std::shared_ptr<comm::ShmGroup> shm_;
   std::map<c10::DeviceIndex, c10::Stream> streams_;
   c10::DeviceIndex device_ = -1;
@@ -863,11 +1246,19 @@ void initDistributedBindings(pybind11::module_& m) {
   py::class_<ProcessGroupAxon, c10d::Backend, c10::intrusive_ptr<ProcessGroupAxon>>(
       d, "ProcessGroupAxon")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout) {
-             return c10::make_intrusive<ProcessGroupAxon>(store, rank, size, timeout);
+                       std::chrono::milliseconds timeout, std::vector<int> host_of,
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> leaders,
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> global) {
+             return c10::make_intrusive<ProcessGroupAxon>(
+                 store, rank, size, timeout, std::move(host_of),
+                 leaders.value_or(c10::intrusive_ptr<c10d::Backend>()),
+                 global.value_or(c10::intrusive_ptr<c10d::Backend>()));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("host_of") = std::vector<int>(), py::arg("leaders") = py::none(),
+           py::arg("global_group") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("multi_host", &ProcessGroupAxon::multiHost)
+      .def_property_readonly("local_rank", &ProcessGroupAxon::localRank)
       .def("_comm_stream_id", &ProcessGroupAxon::commStreamId);
   d.def("memcpy_bandwidth", [](size_t bytes, int reps) {
     return ::axon::comm::memcpy_bandwidth(bytes, reps);
