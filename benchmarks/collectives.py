@@ -7,8 +7,10 @@
 For each world size, ranks are spawned processes (rank r on axon:r) in one group
 "cpu:gloo,axon:axon", so both backends run in the same processes, alternating
 axon, gloo, axon, gloo ... for each (op, dtype, size).  One sample: a gloo
-barrier, then the collective and (axon) torch.axon.synchronize(); the clock is
-rank 0's.  Reported: the median over --reps samples.
+all_reduce of one element to line the ranks up, then the collective and (axon)
+torch.axon.synchronize(), 20 times in a row for sizes up to 1 MiB (time / 20)
+and once above; the clock is rank 0's.  Reported: the median over --reps
+samples.
 
 Size is the nccl-tests convention: the whole buffer (all_reduce: the tensor;
 all_gather: the output; reduce_scatter: the input).  Bus bandwidth (GB/s,
@@ -102,14 +104,19 @@ def _rank_main(rank, world, ops, dtypes, sizes, reps_small, reps_large):
                     except (RuntimeError, ValueError):
                         supported[backend] = False
                 cpu_flag = torch.zeros(1)
+                # Small sizes: one sample is `inner` back-to-back calls (each
+                # complete before the next), so the skew the line-up leaves
+                # between ranks is not counted as latency.
+                inner = 20 if size <= (1 << 20) else 1
                 for _ in range(reps):
                     for backend in ("axon", "gloo"):
                         if not supported[backend]:
                             continue
                         dist.all_reduce(cpu_flag)  # gloo: line the ranks up
                         t = time.perf_counter()
-                        call(backend)
-                        times[backend].append(time.perf_counter() - t)
+                        for _ in range(inner):
+                            call(backend)
+                        times[backend].append((time.perf_counter() - t) / inner)
                 med = {k: statistics.median(v) if v else float("nan") for k, v in times.items()}
                 results.append((op, dtype_name, numel * esize, med["axon"], med["gloo"]))
                 del bufs

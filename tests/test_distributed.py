@@ -326,6 +326,13 @@ def _stream_semantics(rank, world):
     m = torch.ones(1, device=dev)
     dist.all_reduce(m, group=mesh.get_group())
     assert m.item() == world
+
+    # DDP's runtime statistics come from the axon timer (device events).
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8).to(dev))
+    for _ in range(2):
+        ddp(torch.randn(4, 8, device=dev)).sum().backward()
+    stats = ddp._get_ddp_logging_data()
+    assert stats["forward_compute_time"] > 0 and stats["backward_compute_time"] > 0, stats
     dist.barrier()
     return True
 
