@@ -433,7 +433,7 @@ class ProcessGroupAxon : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions&) override {
+                                           const c10d::AllgatherOptions& opts) override {
     const char* op = "all_gather";
     at::Tensor in = single(inputs, op);
     TORCH_CHECK(outputs.size() == 1, "ProcessGroupAxon: ", op, " takes one output list");
@@ -452,9 +452,9 @@ class ProcessGroupAxon : public c10d::Backend {
                          return g.allgather(vo, vi);
                        });
     }
-    return enqueue(OpType::ALLGATHER, op, all, outs, [=](comm::ShmGroup& g) {
-      g.all_gather(src, n, dst.data());
-    });
+    return enqueue(OpType::ALLGATHER, op, all, outs,
+                   Op{op, false, {}, [=](comm::ShmGroup& g) { g.all_gather(src, n, dst.data()); },
+                      small_sync(opts.asyncOp, n * getSize())});
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
@@ -690,7 +690,9 @@ class ProcessGroupAxon : public c10d::Backend {
                        });
     }
     return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {input, output}, {output},
-                   [=](comm::ShmGroup& g) { g.reduce_scatter(src.data(), dst, n, dt, r.op, r.factor); });
+                   Op{op, false, {}, [=](comm::ShmGroup& g) {
+                        g.reduce_scatter(src.data(), dst, n, dt, r.op, r.factor);
+                      }, small_sync(opts.asyncOp, nbytes(input))});
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
