@@ -132,6 +132,24 @@ def test_generate_compiles_by_itself_on_axon():
     assert model.generation_config.compile_config is None
 
 
+def test_dynamic_cache_generate_warns_nothing_about_compile_config(monkeypatch):
+    """Default (dynamic, not compilable) cache and no compile_config: Transformers'
+    "You have set `compile_config`" warning would be about the patch's own config,
+    so there is none; a config the user gave still gets it (the control)."""
+    from transformers.generation import utils as generation_utils
+
+    seen = []
+    monkeypatch.setattr(generation_utils.logger, "warning",
+                        lambda msg, *a, **k: seen.append(str(msg)))
+    type(generation_utils.logger).warning_once.cache_clear()
+    model = tiny_causal_lm("llama").to("axon")
+    ids, mask = prompts(1, 6, seed=4)
+    greedy(model, ids, mask)
+    assert not [m for m in seen if "compile_config" in m], seen
+    greedy(model, ids, mask, compile_config=CompileConfig(backend="axon"))
+    assert [m for m in seen if "compile_config" in m], "control: the user's config warns"
+
+
 def left_padded(lengths: list[int], chunk: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts of the given lengths, left-padded to a common multiple of chunk."""
     width = -(-max(lengths) // chunk) * chunk

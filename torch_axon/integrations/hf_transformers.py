@@ -101,9 +101,19 @@ def generation_auto_compile(generation_utils) -> None:
         flag = config.__dict__.get("_compile_all_devices")
         generation_config.compile_config = config
         config._compile_all_devices = True
+        # Upstream warns "You have set `compile_config`, but we are unable to
+        # meet the criteria" when a config is set and the cache cannot be
+        # compiled (the default dynamic cache): with no config of the user's,
+        # that warning is about ours, so it is silenced for this call.
+        logger = getattr(generation_utils, "logger", None)
+        silence = given is None and logger is not None
+        if silence:
+            logger.warning_once = lambda *args, **kwargs: None
         try:
             return original(self, model_kwargs, generation_config)
         finally:
+            if silence:
+                del logger.warning_once
             if had_flag:
                 config._compile_all_devices = flag
             else:
