@@ -5,7 +5,7 @@
 sets the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT), pins rank r to ``axon:r`` and calls ``fn(rank, world_size,
 *args)``.  ``fn`` must be a module-level function (it is pickled).  What the
-ranks return comes back as a list indexed by rank; an exception in any rank
+ranks return (picklable; tensors too) comes back as a list indexed by rank; an exception in any rank
 fails the test with that rank's traceback.  Ranks that do not finish within
 ``timeout`` seconds are killed and the test fails: a hang is a failure.
 """
@@ -13,6 +13,7 @@ fails the test with that rank's traceback.  Ranks that do not finish within
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import traceback
 
@@ -35,7 +36,9 @@ def _entry(rank, world_size, port, fn, args, env, queue):
 
         torch.axon.set_device(rank)
         result = fn(rank, world_size, *args)
-        queue.put((rank, True, result))
+        # Plain pickle: the queue's own pickler would send tensors as shared
+        # memory handles, which vanish when this process exits.
+        queue.put((rank, True, pickle.dumps(result)))
     except BaseException:  # noqa: BLE001  (reported to the parent)
         queue.put((rank, False, traceback.format_exc()))
     finally:
@@ -81,7 +84,7 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 240.0, env: dict | No
                 continue
             if not ok and not allow_failures:
                 raise AssertionError(f"rank {rank} failed:\n{value}")
-            results[rank] = value if ok else RankFailed(value)
+            results[rank] = pickle.loads(value) if ok else RankFailed(value)
     finally:
         for p in procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()) if len(results) == world_size

@@ -302,6 +302,38 @@ TEST(CommErrors, RecvSizeMismatchNamesBothSizes) {
   });
 }
 
+TEST(CommErrors, LargeSendToAMismatchedRecvFailsFast) {
+  // The receiver detects the mismatch; the sender, blocked on a full ring
+  // buffer, learns it through the segment instead of waiting for the timeout.
+  auto start = std::chrono::steady_clock::now();
+  run_group(2, small_config(), [&](ShmGroup& g) {
+    std::vector<char> buf(100000);
+    try {
+      if (g.rank() == 0) {
+        g.send(buf.data(), buf.size(), 1);
+      } else {
+        g.recv(buf.data(), 32, 0);
+      }
+      FAIL() << "no error on rank " << g.rank();
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("which sent 100000"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(CommErrors, AbortReachesWaitingPeers) {
+  run_group(3, small_config(), [&](ShmGroup& g) {
+    if (g.rank() == 2) {
+      g.abort("the link between hosts went down");
+    } else {
+      EXPECT_THROW(g.barrier(), CommError);
+    }
+    std::string b = g.broken();
+    EXPECT_NE(b.find("the link between hosts went down"), std::string::npos) << b;
+  });
+}
+
 TEST(CommErrors, MissingRankTimesOutNamingIt) {
   Config c = small_config();
   c.timeout = std::chrono::milliseconds(300);

@@ -85,6 +85,10 @@ struct ShmGroup::Header {
   uint64_t p2p_bytes;
   alignas(kAlign) std::atomic<uint32_t> bell;      // bumped on every publish (futex word)
   alignas(kAlign) std::atomic<uint32_t> sleepers;  // ranks asleep on the bell
+  std::atomic<int32_t> abort_claim;                // 1 + the rank that failed first, or 0
+  std::atomic<int32_t> aborted_by;                 // set once abort_message is written
+  uint64_t small_bytes;
+  char abort_message[1024];                        // that rank's error
 };
 
 struct ShmGroup::RankCtl {
@@ -177,6 +181,7 @@ ShmGroup::ShmGroup(const std::string& name, int rank, int size, const Config& co
     header_->size = size;
     header_->slot_bytes = config_.slot_bytes;
     header_->p2p_bytes = config_.p2p_bytes;
+    header_->small_bytes = config_.small_bytes;
     std::atomic_thread_fence(std::memory_order_release);
     reinterpret_cast<std::atomic<uint64_t>*>(&header_->magic)->store(kMagic, std::memory_order_release);
   } else {
@@ -187,7 +192,7 @@ ShmGroup::ShmGroup(const std::string& name, int rank, int size, const Config& co
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (header_->size != size || header_->slot_bytes != config_.slot_bytes ||
-        header_->p2p_bytes != config_.p2p_bytes) {
+        header_->p2p_bytes != config_.p2p_bytes || header_->small_bytes != config_.small_bytes) {
       throw CommError("axon process group: ranks disagree on the group's configuration "
                       "(size or AXON_COMM_* buffer sizes)");
     }
@@ -282,6 +287,10 @@ void ShmGroup::wait_for(Ready&& ready, const char* op,
             nullptr, 0);
     header_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (ready()) return;
+    if (std::string peer = peer_abort_message(); !peer.empty()) {
+      fail(std::string("axon process group: ") + op + " failed on rank " +
+           std::to_string(rank_) + " because " + peer);
+    }
     auto now = Clock::now();
     if (now >= next_check) {
       next_check = now + std::chrono::milliseconds(100);
@@ -305,14 +314,48 @@ void ShmGroup::wait_for(Ready&& ready, const char* op,
 }
 
 void ShmGroup::fail(const std::string& message) {
-  if (broken_.empty()) broken_ = message;
+  abort(message);
   throw CommError(message);
 }
 
+void ShmGroup::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(broken_mu_);
+    if (broken_.empty()) broken_ = why;
+  }
+  int32_t none = 0;
+  if (header_->abort_claim.compare_exchange_strong(none, rank_ + 1)) {
+    size_t n = std::min(why.size(), sizeof(header_->abort_message) - 1);
+    std::memcpy(header_->abort_message, why.data(), n);
+    header_->abort_message[n] = '\0';
+    header_->aborted_by.store(rank_ + 1, std::memory_order_release);
+  }
+  ring();
+}
+
+std::string ShmGroup::peer_abort_message() const {
+  int32_t by = header_->aborted_by.load(std::memory_order_acquire);
+  if (by == 0 || by - 1 == rank_) return {};
+  return "rank " + std::to_string(by - 1) + " failed: " + header_->abort_message;
+}
+
+std::string ShmGroup::broken() const {
+  std::lock_guard<std::mutex> lock(broken_mu_);
+  return broken_;
+}
+
 void ShmGroup::check_usable(const char* op) {
-  if (!broken_.empty()) {
+  std::string b = broken();
+  if (b.empty()) {
+    b = peer_abort_message();
+    if (!b.empty()) {
+      std::lock_guard<std::mutex> lock(broken_mu_);
+      if (broken_.empty()) broken_ = b;
+    }
+  }
+  if (!b.empty()) {
     throw CommError(std::string("axon process group: cannot run ") + op +
-                    ": the group failed earlier: " + broken_);
+                    ": the group failed earlier: " + b);
   }
 }
 
@@ -702,6 +745,7 @@ void ShmGroup::send_recv_batch(const std::vector<P2POp>& ops) {
         uint64_t head = c.head.load(std::memory_order_relaxed);
         uint64_t tail = c.tail.load(std::memory_order_acquire);
         size_t space = cap - (head - tail);
+        bool wrote = false;
         if (!s.header) {
           if (space < 8) { all = false; continue; }
           uint64_t len = op.bytes;
@@ -709,19 +753,23 @@ void ShmGroup::send_recv_batch(const std::vector<P2POp>& ops) {
           head += 8;
           space -= 8;
           s.header = true;
+          wrote = true;
         }
         size_t n = std::min(space, op.bytes - s.done);
         if (n) copy_ring(ring, head, nullptr, static_cast<const char*>(op.data) + s.done, n, true);
         head += n;
         s.done += n;
-        c.head.store(head, std::memory_order_release);
-        moved = true;
+        if (wrote || n) {
+          c.head.store(head, std::memory_order_release);
+          moved = true;  // only real progress rings: a ring of our own would wake our wait
+        }
       } else {
         Chan& c = chan(op.peer, rank_);
         char* ring = chan_buf(op.peer, rank_);
         uint64_t tail = c.tail.load(std::memory_order_relaxed);
         uint64_t head = c.head.load(std::memory_order_acquire);
         size_t avail = head - tail;
+        bool read_header = false;
         if (!s.header) {
           if (avail < 8) { all = false; continue; }
           uint64_t len = 0;
@@ -734,13 +782,16 @@ void ShmGroup::send_recv_batch(const std::vector<P2POp>& ops) {
           tail += 8;
           avail -= 8;
           s.header = true;
+          read_header = true;
         }
         size_t n = std::min(avail, op.bytes - s.done);
         if (n) copy_ring(ring, tail, static_cast<char*>(op.data) + s.done, nullptr, n, false);
         tail += n;
         s.done += n;
-        c.tail.store(tail, std::memory_order_release);
-        moved = true;
+        if (read_header || n) {
+          c.tail.store(tail, std::memory_order_release);
+          moved = true;
+        }
       }
       if (!(s.header && s.done == op.bytes)) all = false;
     }
@@ -753,8 +804,10 @@ void ShmGroup::send_recv_batch(const std::vector<P2POp>& ops) {
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
   // Progress until done; wait_for sleeps only when a pass moved nothing.
   for (;;) {
-    if (progress()) return;
+    // The bell is read before looking at the rings: a peer that writes and
+    // rings after the look changes it, so the wait below cannot miss it.
     uint32_t bell_before = header_->bell.load(std::memory_order_seq_cst);
+    if (progress()) return;
     wait_for([&] { return header_->bell.load(std::memory_order_seq_cst) != bell_before; },
              ops.size() == 1 ? (ops[0].send ? "send" : "recv") : "batch_isend_irecv",
              [&] { return peers; },

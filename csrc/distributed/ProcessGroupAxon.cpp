@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -913,9 +915,12 @@ class ProcessGroupAxon : public c10d::Backend {
   // synchronises the device).
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
     const char* op = "barrier";
-    c10::DeviceIndex device = opts.device.has_value() && opts.device->type() == kAxon
+    // Once bound, the group's device: its communication stream is the only
+    // thread that may drive the transport.
+    c10::DeviceIndex device = device_ >= 0 ? device_
+                              : opts.device.has_value() && opts.device->type() == kAxon
                                   ? resolve_index(*opts.device)
-                                  : (device_ >= 0 ? device_ : current_device());
+                                  : current_device();
     auto leaders = leaders_;
     bool mh = multi_host_;
     auto work = enqueue_on(device, OpType::BARRIER, op, {}, {},
@@ -997,12 +1002,12 @@ class ProcessGroupAxon : public c10d::Backend {
     return out;
   }
 
-  // gloo has no AVG or PREMUL_SUM: SUM, then scale by the returned factor (0: none).
+  // gloo has no AVG or PREMUL_SUM: SUM, then scale by the returned factor (NaN: none).
   std::pair<c10d::ReduceOp, double> gloo_reduce(const c10d::ReduceOp& op, const at::Tensor& t) {
     Reduction r = to_comm(op, t, "reduction");
     if (r.op == comm::ReduceOp::kAvg) return {c10d::ReduceOp(c10d::ReduceOp::SUM), 1.0 / getSize()};
     if (r.op == comm::ReduceOp::kPremulSum) return {c10d::ReduceOp(c10d::ReduceOp::SUM), r.factor};
-    return {op, 0.0};
+    return {op, std::numeric_limits<double>::quiet_NaN()};
   }
   // gloo's reduce_scatter_tensor(_coalesced) in torch 2.13 always sums (it
   // drops the op); this is what it does, with the op.
@@ -1016,7 +1021,7 @@ class ProcessGroupAxon : public c10d::Backend {
   }
 
   static void scale(const at::Tensor& t, double factor) {
-    if (factor == 0.0 || t.numel() == 0) return;
+    if (std::isnan(factor) || t.numel() == 0) return;
     comm::DType dt = to_comm(t.scalar_type(), "scale");
     const void* src = t.data_ptr();
     comm::reduce(dt, comm::ReduceOp::kPremulSum, t.data_ptr(), &src, 1, comm_count(t), factor);
@@ -1124,9 +1129,9 @@ class ProcessGroupAxon : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueue_on(c10::DeviceIndex device, OpType type,
                                             const char* name, std::vector<at::Tensor> tensors,
                                             std::vector<at::Tensor> outputs, Op op) {
-    if (!shm_->broken().empty()) {
+    if (std::string broken = shm_->broken(); !broken.empty()) {
       throw_dist_error(std::string("ProcessGroupAxon: cannot run ") + name +
-                       ": the process group failed earlier: " + shm_->broken());
+                       ": the process group failed earlier: " + broken);
     }
     if (coalescing_) {
       coalesced_.push_back(std::move(op));
@@ -1213,6 +1218,9 @@ class ProcessGroupAxon : public c10d::Backend {
         message = std::string("axon process group: ") + name + " failed: " + message;
       }
       state.set_error(message);
+      // Whatever failed (the transport, or gloo between hosts), the ranks may
+      // now be at different steps: the group is done for, here and for peers.
+      shm.abort(message);
       throw std::runtime_error(message);
     }
   }

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -90,8 +91,13 @@ class ShmGroup {
   int size() const { return size_; }
   const Config& config() const { return config_; }
   void set_timeout(std::chrono::milliseconds t) { config_.timeout = t; }
-  // Non-empty once an operation has failed: the group is unusable.
-  const std::string& broken() const { return broken_; }
+  // Non-empty once an operation has failed here or any rank aborted the
+  // group: it is unusable.  Safe to call from any thread.
+  std::string broken() const;
+  // Marks the group failed (here and, through the segment, for every peer:
+  // their waits fail at once instead of at the timeout).  For failures
+  // outside this class (e.g. a gloo transfer between hosts).
+  void abort(const std::string& why);
 
   void barrier();
   // In place: data holds this rank's input and receives the result.
@@ -129,6 +135,7 @@ class ShmGroup {
   struct Chan;
 
   void check_usable(const char* op);
+  std::string peer_abort_message() const;  // empty unless another rank aborted
   [[noreturn]] void fail(const std::string& message);
   // Step protocol.
   void begin_step(const char* op);
@@ -159,6 +166,7 @@ class ShmGroup {
   uint64_t step_ = 0;     // steps started by this rank
   uint64_t cur_ = 0;      // the current step
   const char* cur_op_ = "";
+  mutable std::mutex broken_mu_;
   std::string broken_;
 };
 
