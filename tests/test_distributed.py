@@ -400,8 +400,18 @@ def _bad_input(rank, world):
 
 
 def test_bad_input_raises_pytorch_style_errors():
+    # A segment left by a creator that died before its ranks attached (its pid
+    # is gone): the next group's creation removes it.
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"/dev/shm/axon-pg-{dead.pid}-0-0"
+    with open(stale, "wb") as f:
+        f.write(b"x")
     errors = run_ranks(_bad_input, 2, timeout=120)
     assert len(errors[0]) == 7, errors[0]
+    assert not os.path.exists(stale), "a stale segment of a dead process was left behind"
 
 
 def _shm_entries():

@@ -1,7 +1,12 @@
 // ProcessGroupAxon (see ProcessGroupAxon.h).
 #include "ProcessGroupAxon.h"
 
+#include <dirent.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <atomic>
@@ -253,6 +258,7 @@ class ProcessGroupAxon : public c10d::Backend {
       leaders_ = std::move(leaders);
       global_ = std::move(global);
     }
+    if (local_rank_ == 0) remove_stale_segments();
     std::string key = "axon_shm_name/" + std::to_string(my_host);
     std::string name;
     static std::atomic<int> counter{0};
@@ -975,6 +981,24 @@ class ProcessGroupAxon : public c10d::Backend {
 
   // Test hook: the name of the communication stream's runtime stream.
   int64_t commStreamId(c10::DeviceIndex device) { return commStream(device).id(); }
+
+  // A segment is unlinked as soon as every rank has attached, so only a
+  // process killed while a group was forming can leave one behind; its name
+  // carries the creator's pid: those of processes that are gone are removed
+  // when the next group is created.
+  static void remove_stale_segments() {
+    DIR* dir = opendir("/dev/shm");
+    if (dir == nullptr) return;
+    while (dirent* e = readdir(dir)) {
+      std::string n = e->d_name;
+      if (n.rfind("axon-pg-", 0) != 0) continue;
+      long pid = std::strtol(n.c_str() + 8, nullptr, 10);
+      if (pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+        shm_unlink(("/" + n).c_str());
+      }
+    }
+    closedir(dir);
+  }
 
   // Test hook: whether the group spans several hosts, and this rank's host-local rank.
   bool multiHost() const { return multi_host_; }
