@@ -1,6 +1,7 @@
 // ShmGroup tests: ranks are threads, each with its own mapping of the segment
 // (as separate processes would have); the dead-rank test forks a process.
 #include <dirent.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -159,6 +160,60 @@ TEST_P(CommGroup, AllReduceSmallAndLarge) {
       for (size_t i = 0; i < count; ++i) ints[i] = (g.rank() + 1) * int64_t(i + 1);
       g.all_reduce(ints.data(), count, DType::kInt64, ReduceOp::kMax);
       for (size_t i = 0; i < count; ++i) ASSERT_EQ(ints[i], n * int64_t(i + 1));
+    }
+  });
+}
+
+// A float buffer in a memfd (as the runtime allocates device memory), with
+// its SharedBuffer description; `offset` floats into the mapping.
+struct MemfdBuffer {
+  MemfdBuffer(size_t count, size_t offset) {
+    bytes = (count + offset) * sizeof(float) + 4096;
+    fd = memfd_create("comm-test", MFD_CLOEXEC);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    base = static_cast<char*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    static std::atomic<uint64_t> ids{1};
+    shared = SharedBuffer{fd, ids++, bytes, offset * sizeof(float)};
+    data = reinterpret_cast<float*>(base + shared.offset);
+  }
+  ~MemfdBuffer() {
+    munmap(base, bytes);
+    close(fd);
+  }
+  size_t bytes;
+  int fd;
+  char* base;
+  float* data;
+  SharedBuffer shared;
+};
+
+TEST_P(CommGroup, AllReduceReadsAndWritesPeersBuffersDirectly) {
+  const int n = GetParam();
+  // Mapped buffers at different offsets, two sizes (with a tail), two calls
+  // on the same buffers (the mapping cache); then one rank without a shared
+  // buffer: every rank stages instead.
+  run_group(n, small_config(), [&](ShmGroup& g) {
+    for (size_t count : {size_t{50000}, size_t{300001}}) {
+      MemfdBuffer buf(count, 16 * g.rank() + 3);
+      for (int call = 0; call < 2; ++call) {
+        for (size_t i = 0; i < count; ++i) buf.data[i] = value(g.rank(), i + call);
+        g.all_reduce(buf.data, count, DType::kFloat32, ReduceOp::kSum, 1.0, &buf.shared);
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int r = 0; r < n; ++r) want += value(r, i + call);
+          ASSERT_EQ(buf.data[i], want) << "count " << count << " call " << call << " i " << i;
+        }
+      }
+    }
+    const size_t count = 70000;
+    MemfdBuffer buf(count, 0);
+    for (size_t i = 0; i < count; ++i) buf.data[i] = value(g.rank(), i);
+    g.all_reduce(buf.data, count, DType::kFloat32, ReduceOp::kMax, 1.0,
+                 g.rank() == n - 1 ? nullptr : &buf.shared);
+    for (size_t i = 0; i < count; ++i) {
+      float want = value(0, i);
+      for (int r = 1; r < n; ++r) want = std::max(want, value(r, i));
+      ASSERT_EQ(buf.data[i], want);
     }
   });
 }

@@ -14,6 +14,7 @@
 #include <limits>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <random>
 
@@ -373,20 +374,25 @@ class ProcessGroupAxon : public c10d::Backend {
         g.broadcast(p, bytes, 0);
       });
     }
+    // Device memory is mappable by the peers: large all_reduces work on the
+    // ranks' tensors directly.
+    std::optional<comm::SharedBuffer> shared = shared_buffer(t);
     return enqueue(OpType::ALLREDUCE, op, {t}, {t},
-                   Op{op, false, {}, [=](comm::ShmGroup& g) { g.all_reduce(p, n, dt, r.op, r.factor); },
-                      small_sync(opts.asyncOp, nbytes(t))});
+                   Op{op, false, {}, [=](comm::ShmGroup& g) {
+                        g.all_reduce(p, n, dt, r.op, r.factor, shared ? &*shared : nullptr);
+                      }, small_sync(opts.asyncOp, nbytes(t))});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
     const char* op = "all_reduce_coalesced";
     TORCH_CHECK(!tensors.empty(), "ProcessGroupAxon: ", op, " needs at least one tensor");
-    std::vector<std::tuple<char*, size_t, comm::DType, Reduction>> parts;
+    std::vector<std::tuple<char*, size_t, comm::DType, Reduction,
+                           std::optional<comm::SharedBuffer>>> parts;
     for (auto& t : tensors) {
       check_tensor(t, op);
       parts.emplace_back(ptr(t), comm_count(t), to_comm(t.scalar_type(), op),
-                         to_comm(opts.reduceOp, t, op));
+                         to_comm(opts.reduceOp, t, op), shared_buffer(t));
     }
     if (multi_host_) {
       auto [gop, factor] = gloo_reduce(opts.reduceOp, tensors[0]);
@@ -402,7 +408,9 @@ class ProcessGroupAxon : public c10d::Backend {
     }
     return enqueue(OpType::ALLREDUCE_COALESCED, op, tensors, tensors,
                    [parts](comm::ShmGroup& g) {
-                     for (auto& [p, n, dt, r] : parts) g.all_reduce(p, n, dt, r.op, r.factor);
+                     for (auto& [p, n, dt, r, sh] : parts) {
+                       g.all_reduce(p, n, dt, r.op, r.factor, sh ? &*sh : nullptr);
+                     }
                    });
   }
 
@@ -1109,6 +1117,12 @@ class ProcessGroupAxon : public c10d::Backend {
       TORCH_CHECK(t.numel() == like.numel(), "ProcessGroupAxon: ", op, ": every ", what,
                   " tensor must have ", like.numel(), " elements, got ", t.numel());
     }
+  }
+
+  static std::optional<comm::SharedBuffer> shared_buffer(const at::Tensor& t) {
+    ::axon::rt::MemoryExport ex;
+    if (t.numel() == 0 || !::axon::rt::memory_export(t.data_ptr(), &ex)) return std::nullopt;
+    return comm::SharedBuffer{ex.fd, ex.id, ex.size, ex.offset};
   }
 
   bool small_sync(bool async_op, size_t bytes) const {

@@ -1,5 +1,11 @@
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "axon/runtime.h"
 #include "bytes.h"
@@ -11,10 +17,48 @@
 namespace axon::rt {
 namespace {
 
-// Payload: the owning device.  Never destroyed (usable from static destructors).
-RangeRegistry<int>& allocations() {
-  static auto* r = new RangeRegistry<int>;
+struct Allocation {
+  int device;
+  int fd;        // memfd, or -1 for private memory
+  uint64_t id;
+};
+
+// Never destroyed (usable from static destructors).
+RangeRegistry<Allocation>& allocations() {
+  static auto* r = new RangeRegistry<Allocation>;
   return *r;
+}
+
+bool shareable() {
+  static const bool on = [] {
+    const char* v = std::getenv("AXON_SHAREABLE_MEMORY");
+    if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+    // One descriptor per live allocation: raise the soft limit to the hard one.
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    return true;
+  }();
+  return on;
+}
+
+// A memfd mapping of size bytes, or nullptr (then private memory is used).
+void* map_shared(size_t size, int* fd_out) {
+  int fd = memfd_create("axon-device-memory", MFD_CLOEXEC);
+  if (fd < 0) return nullptr;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    return nullptr;
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return nullptr;
+  }
+  *fd_out = fd;
+  return p;
 }
 
 OutOfMemoryError out_of_memory(int d, size_t requested, size_t used, size_t capacity) {
@@ -52,14 +96,17 @@ void* malloc(int d, size_t bytes) {
     if (size == 0 || size > dev.capacity - used) throw out_of_memory(d, bytes, used, dev.capacity);
   } while (!dev.used.compare_exchange_weak(used, used + size, std::memory_order_relaxed));
 
-  void* p = std::aligned_alloc(kAlignment, size);
+  static std::atomic<uint64_t> next_id{1};
+  int fd = -1;
+  void* p = shareable() ? map_shared(size, &fd) : nullptr;
+  if (p == nullptr) p = std::aligned_alloc(kAlignment, size);
   if (p == nullptr) {
     const size_t now = dev.used.fetch_sub(size, std::memory_order_relaxed) - size;
     throw OutOfMemoryError("axon:" + std::to_string(d) + " out of memory: the host could not "
                                "allocate " + format_bytes(bytes),
                            d, bytes, now, dev.capacity);
   }
-  allocations().insert(p, size, d);
+  allocations().insert(p, size, Allocation{d, fd, next_id.fetch_add(1)});
   return p;
 }
 
@@ -72,8 +119,13 @@ void free(void* ptr) {
                   ptr);
     throw Error(buf);
   }
-  std::free(ptr);
-  created_device(e->payload)->used.fetch_sub(e->size, std::memory_order_relaxed);
+  if (e->payload.fd >= 0) {
+    munmap(ptr, e->size);
+    close(e->payload.fd);
+  } else {
+    std::free(ptr);
+  }
+  created_device(e->payload.device)->used.fetch_sub(e->size, std::memory_order_relaxed);
 }
 
 MemoryInfo mem_get_info(int d) {
@@ -86,8 +138,21 @@ MemoryInfo mem_get_info(int d) {
 
 int pointer_device(const void* ptr) noexcept {
   int d = -1;
-  allocations().with(ptr, [&](auto& e) { d = e.payload; });
+  allocations().with(ptr, [&](auto& e) { d = e.payload.device; });
   return d;
+}
+
+bool memory_export(const void* ptr, MemoryExport* out) noexcept {
+  bool ok = false;
+  allocations().with(ptr, [&](auto& e) {
+    if (e.payload.fd < 0) return;
+    out->fd = e.payload.fd;
+    out->id = e.payload.id;
+    out->size = e.size;
+    out->offset = reinterpret_cast<uintptr_t>(ptr) - e.base;
+    ok = true;
+  });
+  return ok;
 }
 
 bool is_device_range(const void* p, size_t n, const char* what) {

@@ -1,4 +1,9 @@
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <string>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -66,6 +71,37 @@ TEST(Memory, PointerDeviceCoversTheWholeAllocation) {
 }
 
 TEST(Memory, FreeNullIsNoOp) { EXPECT_NO_THROW(free(nullptr)); }
+
+TEST(Memory, AllocationsCanBeMappedByAnotherProcess) {
+  AXON_REQUIRE_DEFAULT_ENV();
+  const size_t n = 3 << 20;
+  char* p = static_cast<char*>(malloc(0, n));
+  MemoryExport ex;
+  ASSERT_TRUE(memory_export(p + 1000, &ex));
+  EXPECT_EQ(ex.offset, 1000u);
+  EXPECT_GE(ex.size, n);
+  // What a peer does: open the memfd through /proc and map it.
+  std::string path = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(ex.fd);
+  int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char* q = static_cast<char*>(mmap(nullptr, ex.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  ASSERT_NE(q, MAP_FAILED);
+  q[1000] = 42;                  // written through the peer's mapping
+  EXPECT_EQ(p[1000], 42);        // seen by the owner
+  p[n - 1] = 7;
+  EXPECT_EQ(q[n - 1], 7);
+  munmap(q, ex.size);
+  MemoryExport other;
+  char* r = static_cast<char*>(malloc(0, 64));
+  ASSERT_TRUE(memory_export(r, &other));
+  EXPECT_NE(other.id, ex.id);    // ids tell allocations apart (fd numbers get reused)
+  free(r);
+  free(p);
+  EXPECT_FALSE(memory_export(p, &ex));
+  int stack = 0;
+  EXPECT_FALSE(memory_export(&stack, &ex));
+}
 
 TEST(Memory, FreeOfForeignPointerThrows) {
   int x = 0;

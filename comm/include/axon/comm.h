@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -66,6 +67,16 @@ struct Config {
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
 };
 
+// A buffer other processes can map: its memfd (valid in the owning process),
+// an id unique among the owner's buffers, the mapping's size and the
+// buffer's offset in it (the runtime's MemoryExport of device memory).
+struct SharedBuffer {
+  int fd = -1;
+  uint64_t id = 0;
+  size_t size = 0;
+  size_t offset = 0;
+};
+
 // A send or receive of a batch (send_recv_batch).
 struct P2POp {
   bool send;
@@ -100,8 +111,12 @@ class ShmGroup {
   void abort(const std::string& why);
 
   void barrier();
-  // In place: data holds this rank's input and receives the result.
-  void all_reduce(void* data, size_t count, DType dt, ReduceOp op, double factor = 1.0);
+  // In place: data holds this rank's input and receives the result.  When
+  // every rank passes `shared` (its data is in mappable memory), a large
+  // all_reduce reads and writes the peers' buffers directly (no staging);
+  // ranks may differ in passing it (then all stage).
+  void all_reduce(void* data, size_t count, DType dt, ReduceOp op, double factor = 1.0,
+                  const SharedBuffer* shared = nullptr);
   void broadcast(void* data, size_t bytes, int root);
   // The result lands in data on root only; other ranks' data is unchanged.
   void reduce(void* data, size_t count, DType dt, ReduceOp op, int root, double factor = 1.0);
@@ -151,6 +166,9 @@ class ShmGroup {
 
   void all_reduce_small(char* data, size_t count, DType dt, ReduceOp op, double factor);
   void all_reduce_large(char* data, size_t count, DType dt, ReduceOp op, double factor);
+  bool all_reduce_shared(char* data, size_t count, DType dt, ReduceOp op, double factor,
+                         const SharedBuffer* shared);
+  char* map_peer(int r, int fd, uint64_t id, size_t size);
 
   Chan& chan(int from, int to) const;
   char* chan_buf(int from, int to) const;
@@ -166,6 +184,8 @@ class ShmGroup {
   uint64_t step_ = 0;     // steps started by this rank
   uint64_t cur_ = 0;      // the current step
   const char* cur_op_ = "";
+  std::map<std::pair<int, uint64_t>, std::pair<void*, size_t>> peer_maps_;  // (rank, id)
+  std::vector<char> tmp_;  // a reduced chunk (shared all_reduce)
   mutable std::mutex broken_mu_;
   std::string broken_;
 };

@@ -112,6 +112,22 @@ MemoryInfo mem_get_info(int device);
 // The device owning `ptr` (anywhere inside an allocation), or -1.
 int pointer_device(const void* ptr) noexcept;
 
+// Device memory is shared memory: another process of the host can map an
+// allocation (what cudaIpcGetMemHandle / cudaIpcOpenMemHandle do for CUDA).
+// The collectives use it to read and write the peers' buffers directly.
+// Each allocation is a memfd; another process of the same user maps it
+// through /proc/<pid>/fd/<fd>.  AXON_SHAREABLE_MEMORY=0 makes allocations
+// private (then memory_export returns false).
+struct MemoryExport {
+  int fd = -1;          // the allocation's memfd in this process
+  uint64_t id = 0;      // unique among this process's allocations
+  size_t size = 0;      // bytes of the allocation (the mapping's length)
+  size_t offset = 0;    // of ptr within the allocation
+};
+// Fills *out for the allocation containing ptr; false if ptr is not in a
+// shareable allocation.
+bool memory_export(const void* ptr, MemoryExport* out) noexcept;
+
 // Page-locked ("pinned") host memory.  Copies from/to it may be asynchronous.
 // host_free waits for pending copies that use the buffer.
 void* host_alloc(size_t bytes);
