@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,9 @@ int main(int argc, char** argv) {
   size_t mib = argc > 2 ? std::atoi(argv[2]) : 32;
   size_t bytes = mib << 20;
   bool shared = argc > 3 && std::string(argv[3]) == "shared";
+  bool bf16 = argc > 4 && std::string(argv[4]) == "bf16";
+  DType dt = bf16 ? DType::kBFloat16 : DType::kFloat32;
+  size_t es = bf16 ? 2 : 4;
   std::string name = "axon-comm-bench-" + std::to_string(getpid());
   std::vector<double> secs(n);
   std::vector<std::thread> ts;
@@ -34,15 +38,15 @@ int main(int argc, char** argv) {
       if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) std::abort();
       float* v = static_cast<float*>(
           mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-      std::fill(v, v + bytes / 4, 1.0f);
+      std::memset(v, 0, bytes);
       SharedBuffer sb{fd, static_cast<uint64_t>(r + 1), bytes, 0};
       const SharedBuffer* sp = shared ? &sb : nullptr;
-      g.all_reduce(v, bytes / 4, DType::kFloat32, ReduceOp::kSum, 1.0, sp);
+      g.all_reduce(v, bytes / es, dt, ReduceOp::kSum, 1.0, sp);
       std::vector<double> t;
       for (int i = 0; i < 5; ++i) {
         g.barrier();
         auto s = std::chrono::steady_clock::now();
-        g.all_reduce(v, bytes / 4, DType::kFloat32, ReduceOp::kSum, 1.0, sp);
+        g.all_reduce(v, bytes / es, dt, ReduceOp::kSum, 1.0, sp);
         t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
       }
       std::sort(t.begin(), t.end());
@@ -54,6 +58,6 @@ int main(int argc, char** argv) {
   }
   for (auto& t : ts) t.join();
   double bus = bytes * 2.0 * (n - 1) / n / secs[0];
-  std::printf("%s all_reduce %d ranks %zu MiB: %.2f ms, bus %.2f GB/s; memcpy %.2f GB/s\n", shared ? "shared" : "staged", n, mib,
+  std::printf("%s %s all_reduce %d ranks %zu MiB: %.2f ms, bus %.2f GB/s; memcpy %.2f GB/s\n", shared ? "shared" : "staged", bf16 ? "bf16" : "fp32", n, mib,
               secs[0] * 1e3, bus / 1e9, memcpy_bandwidth(bytes, 5) / 1e9);
 }
