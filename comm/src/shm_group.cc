@@ -619,29 +619,17 @@ void ShmGroup::reduce(void* data, size_t count, DType dt, ReduceOp op, int root,
 }
 
 void ShmGroup::all_gather(const void* input, size_t bytes, void* const* outputs) {
-  check_usable("all_gather");
-  const char* in = static_cast<const char*>(input);
-  if (size_ == 1) {
-    if (outputs[0] != input && bytes) std::memmove(outputs[0], input, bytes);
-    return;
-  }
-  size_t chunk = config_.slot_bytes;
-  for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += chunk) {
-    size_t n = std::min(chunk, bytes - off);
-    begin_step("all_gather");
-    copy(data_slot(rank_), in + off, n);
-    publish(1);
-    wait_peers(1, "all_gather");
-    for (int r = 0; r < size_; ++r) {
-      copy(static_cast<char*>(outputs[r]) + off, data_slot(r), n);
-    }
-    publish(3);
-    if (bytes == 0) break;
-  }
+  gather_to(input, bytes, outputs, -1, "all_gather");
 }
 
 void ShmGroup::gather(const void* input, size_t bytes, void* const* outputs, int root) {
-  check_usable("gather");
+  gather_to(input, bytes, outputs, root, "gather");
+}
+
+// Every rank stages its input; root (every rank when root < 0) copies all.
+void ShmGroup::gather_to(const void* input, size_t bytes, void* const* outputs, int root,
+                         const char* op) {
+  check_usable(op);
   const char* in = static_cast<const char*>(input);
   if (size_ == 1) {
     if (outputs[0] != input && bytes) std::memmove(outputs[0], input, bytes);
@@ -650,11 +638,11 @@ void ShmGroup::gather(const void* input, size_t bytes, void* const* outputs, int
   size_t chunk = config_.slot_bytes;
   for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += chunk) {
     size_t n = std::min(chunk, bytes - off);
-    begin_step("gather");
+    begin_step(op);
     copy(data_slot(rank_), in + off, n);
     publish(1);
-    if (rank_ == root) {
-      wait_peers(1, "gather");
+    if (root < 0 || rank_ == root) {
+      wait_peers(1, op);
       for (int r = 0; r < size_; ++r) {
         copy(static_cast<char*>(outputs[r]) + off, data_slot(r), n);
       }

@@ -83,12 +83,9 @@ def install() -> None:
     if BACKEND_NAME not in dist.Backend.backend_list:
         dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
                                       devices=["axon"])
-    try:
-        from . import parallel
-    except ImportError:
-        parallel = None
-    if parallel is not None and hasattr(parallel, "install"):
-        parallel.install()
+    from . import parallel
+
+    parallel.install()
 
 
 def memcpy_bandwidth(nbytes: int, reps: int = 5) -> float:

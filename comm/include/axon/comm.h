@@ -165,6 +165,7 @@ class ShmGroup {
   bool peer_alive(int r) const;
 
   void all_reduce_small(char* data, size_t count, DType dt, ReduceOp op, double factor);
+  void gather_to(const void* input, size_t bytes, void* const* outputs, int root, const char* op);
   void all_reduce_large(char* data, size_t count, DType dt, ReduceOp op, double factor);
   bool all_reduce_shared(char* data, size_t count, DType dt, ReduceOp op, double factor,
                          const SharedBuffer* shared);
