@@ -218,6 +218,38 @@ TEST_P(CommGroup, AllReduceReadsAndWritesPeersBuffersDirectly) {
   });
 }
 
+TEST_P(CommGroup, AllGatherAndReduceScatterReadPeersDirectly) {
+  const int n = GetParam();
+  run_group(n, small_config(), [&](ShmGroup& g) {
+    const int r = g.rank();
+    const size_t count = 40000;  // per rank: past the small size, several slots
+    for (bool shared : {true, false}) {
+      // all_gather from a shared input into a private output.
+      MemfdBuffer in(count, 8 * r + 1);
+      for (size_t i = 0; i < count; ++i) in.data[i] = value(r, i);
+      std::vector<float> out(count * n);
+      std::vector<void*> outs;
+      for (int q = 0; q < n; ++q) outs.push_back(out.data() + q * count);
+      g.all_gather(in.data, count * sizeof(float), outs.data(), shared ? &in.shared : nullptr);
+      for (int q = 0; q < n; ++q)
+        for (size_t i = 0; i < count; i += 7) ASSERT_EQ(out[q * count + i], value(q, i));
+      // reduce_scatter of a shared flat input.
+      MemfdBuffer flat(count * n, 4 * r);
+      for (size_t i = 0; i < count * n; ++i) flat.data[i] = value(r, i);
+      std::vector<const void*> ins;
+      for (int q = 0; q < n; ++q) ins.push_back(flat.data + q * count);
+      std::vector<float> mine(count);
+      g.reduce_scatter(ins.data(), mine.data(), count, DType::kFloat32, ReduceOp::kSum, 1.0,
+                       shared ? &flat.shared : nullptr);
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want += value(q, r * count + i);
+        ASSERT_EQ(mine[i], want) << i;
+      }
+    }
+  });
+}
+
 TEST_P(CommGroup, RootedAndGatherCollectives) {
   const int n = GetParam();
   Config c = small_config();

@@ -468,9 +468,11 @@ class ProcessGroupAxon : public c10d::Backend {
                          return g.allgather(vo, vi);
                        });
     }
+    std::optional<comm::SharedBuffer> shared = shared_buffer(in);
     return enqueue(OpType::ALLGATHER, op, all, outs,
-                   Op{op, false, {}, [=](comm::ShmGroup& g) { g.all_gather(src, n, dst.data()); },
-                      small_sync(opts.asyncOp, n * getSize())});
+                   Op{op, false, {}, [=](comm::ShmGroup& g) {
+                        g.all_gather(src, n, dst.data(), shared ? &*shared : nullptr);
+                      }, small_sync(opts.asyncOp, n * getSize())});
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
@@ -492,9 +494,11 @@ class ProcessGroupAxon : public c10d::Backend {
                          return g._allgather_base(vo, vi);
                        });
     }
+    std::optional<comm::SharedBuffer> shared = shared_buffer(input);
     return enqueue(OpType::_ALLGATHER_BASE, op, {input, output}, {output},
-                   Op{op, false, {}, [=](comm::ShmGroup& g) { g.all_gather(src, n, dst.data()); },
-                      small_sync(opts.asyncOp, nbytes(output))});
+                   Op{op, false, {}, [=](comm::ShmGroup& g) {
+                        g.all_gather(src, n, dst.data(), shared ? &*shared : nullptr);
+                      }, small_sync(opts.asyncOp, nbytes(output))});
   }
 
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
@@ -705,9 +709,11 @@ class ProcessGroupAxon : public c10d::Backend {
                          return c10::intrusive_ptr<c10d::Work>();
                        });
     }
+    std::optional<comm::SharedBuffer> shared = shared_buffer(input);
     return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {input, output}, {output},
                    Op{op, false, {}, [=](comm::ShmGroup& g) {
-                        g.reduce_scatter(src.data(), dst, n, dt, r.op, r.factor);
+                        g.reduce_scatter(src.data(), dst, n, dt, r.op, r.factor,
+                                         shared ? &*shared : nullptr);
                       }, small_sync(opts.asyncOp, nbytes(input))});
   }
 

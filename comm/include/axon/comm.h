@@ -121,15 +121,21 @@ class ShmGroup {
   // The result lands in data on root only; other ranks' data is unchanged.
   void reduce(void* data, size_t count, DType dt, ReduceOp op, int root, double factor = 1.0);
   // outputs[r] receives rank r's `bytes` bytes of input (outputs[rank] may be input).
-  void all_gather(const void* input, size_t bytes, void* const* outputs);
+  // With every rank's input shared, a large one copies from the peers directly.
+  void all_gather(const void* input, size_t bytes, void* const* outputs,
+                  const SharedBuffer* shared = nullptr);
   // gather: like all_gather, but only root's outputs are written (others may pass null).
   void gather(const void* input, size_t bytes, void* const* outputs, int root);
   // scatter: rank r receives root's inputs[r] (only root's inputs are read).
   void scatter(const void* const* inputs, size_t bytes, void* output, int root);
   // inputs[r] is this rank's contribution to rank r (count elements each);
   // output receives the reduction over ranks of their inputs[rank].
+  // inputs_shared: the inputs lie one after another (inputs[r] = inputs[0] +
+  // r * count elements) in this shared buffer; with every rank's, a large one
+  // reads the peers' inputs directly.
   void reduce_scatter(const void* const* inputs, void* output, size_t count, DType dt,
-                      ReduceOp op, double factor = 1.0);
+                      ReduceOp op, double factor = 1.0,
+                      const SharedBuffer* inputs_shared = nullptr);
   // inputs[r] (send_bytes[r]) goes to rank r, arriving in its outputs[rank];
   // recv_bytes[r] must equal what rank r sends here.
   void all_to_all(const void* const* inputs, const size_t* send_bytes, void* const* outputs,
@@ -169,6 +175,8 @@ class ShmGroup {
   void all_reduce_large(char* data, size_t count, DType dt, ReduceOp op, double factor);
   bool all_reduce_shared(char* data, size_t count, DType dt, ReduceOp op, double factor,
                          const SharedBuffer* shared);
+  bool map_all(const char* op, const SharedBuffer* shared, char* mine, std::vector<char*>& bufs);
+  void finish_shared(const char* op);
   char* map_peer(int r, int fd, uint64_t id, size_t size);
 
   Chan& chan(int from, int to) const;
