@@ -42,9 +42,6 @@ import functools
 
 import torch
 
-_installed = False
-
-
 def _registered_backend_types(pg) -> dict:
     """{BackendType: backend} of the backends registered on pg, by device type."""
     from torch.distributed import ProcessGroup
@@ -156,14 +153,7 @@ def _patch_split_group() -> None:
 
 
 def install() -> None:
-    """Applies the fixes above (idempotent)."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    import torch.distributed as dist
-
-    if not dist.is_available():
-        return
+    """Applies the fixes above (each patch is idempotent).  Called by
+    ``torch_axon.distributed.install()`` once torch.distributed is available."""
     _patch_new_process_group_helper()
     _patch_split_group()
