@@ -1150,7 +1150,10 @@ class ProcessGroupAxon : public c10d::Backend {
   c10::Stream commStream(c10::DeviceIndex device) {
     auto it = streams_.find(device);
     if (it != streams_.end()) return it->second;
-    c10::Stream s = getStreamFromPool(device, 0);
+    // A stream of the group's own: a collective never queues behind another
+    // group's (a 2-D mesh's groups can be entered in different orders by
+    // different ranks) or behind a user's pool stream.
+    c10::Stream s = to_c10(rt_call([&] { return ::axon::rt::stream_dedicated(device); }));
     streams_.emplace(device, s);
     return s;
   }

@@ -11,7 +11,7 @@
 
 namespace axon::rt {
 
-constexpr int kStreamsPerDevice = 1 + 2 * kStreamPoolSize;
+constexpr int kStreamsPerDevice = 1 + 2 * kStreamPoolSize + kDedicatedStreams;
 
 struct Device {
   Device(int index, size_t capacity);
@@ -20,6 +20,7 @@ struct Device {
   const size_t capacity;
   std::atomic<size_t> used{0};  // bytes of device memory handed out
   std::array<std::atomic<uint32_t>, 2> next_in_pool{};  // round robin: normal, high
+  std::atomic<uint32_t> next_dedicated{0};
   // Every stream exists up front (cheap); only its worker thread is lazy.
   std::array<std::unique_ptr<StreamState>, kStreamsPerDevice> streams;
 };

@@ -3,7 +3,8 @@
 
 namespace axon::rt {
 
-// Stream ids: 0 default, 1..kStreamPoolSize normal pool, then the high pool.
+// Stream ids: 0 default, 1..kStreamPoolSize normal pool, then the high pool,
+// then the dedicated streams.
 
 void check_stream(Stream s) {
   check_device(s.device);
@@ -26,9 +27,15 @@ Stream stream_from_pool(int d, int priority) {
   return Stream{d, 1 + static_cast<int64_t>(n % kStreamPoolSize) + (high ? kStreamPoolSize : 0)};
 }
 
+Stream stream_dedicated(int d) {
+  Device& dev = device(d);
+  const uint32_t n = dev.next_dedicated.fetch_add(1, std::memory_order_relaxed);
+  return Stream{d, 1 + 2 * kStreamPoolSize + static_cast<int64_t>(n % kDedicatedStreams)};
+}
+
 int stream_priority(Stream s) {
   check_stream(s);
-  return s.id > kStreamPoolSize ? -1 : 0;
+  return s.id > kStreamPoolSize && s.id <= 2 * kStreamPoolSize ? -1 : 0;
 }
 
 void launch(Stream s, const char* name, std::function<void()> fn) {

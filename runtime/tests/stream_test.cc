@@ -39,10 +39,25 @@ TEST(Stream, PoolRoundRobinsWithinPriority) {
   EXPECT_LE(stream_from_pool(1, 5).id, kStreamPoolSize);
 }
 
+TEST(Stream, DedicatedStreamsAreOutsideThePools) {
+  std::set<int64_t> ids;
+  for (int i = 0; i < kDedicatedStreams; ++i) {
+    const Stream s = stream_dedicated(1);
+    EXPECT_GT(s.id, 2 * kStreamPoolSize);
+    EXPECT_EQ(stream_priority(s), 0);
+    EXPECT_NO_THROW(check_stream(s));
+    ids.insert(s.id);
+  }
+  EXPECT_EQ(ids.size(), size_t{kDedicatedStreams});  // all distinct before any repeats
+  for (int i = 0; i < 2 * kStreamPoolSize; ++i) {     // the pools never hand them out
+    EXPECT_EQ(ids.count(stream_from_pool(1, i % 2 ? -1 : 0).id), 0u);
+  }
+}
+
 TEST(Stream, CheckStreamRejectsBadIds) {
   EXPECT_NO_THROW(check_stream(Stream{0, 0}));
-  EXPECT_NO_THROW(check_stream(Stream{0, 2 * kStreamPoolSize}));
-  EXPECT_THROW(check_stream(Stream{0, 2 * kStreamPoolSize + 1}), Error);
+  EXPECT_NO_THROW(check_stream(Stream{0, 2 * kStreamPoolSize + kDedicatedStreams - 1}));
+  EXPECT_THROW(check_stream(Stream{0, 2 * kStreamPoolSize + kDedicatedStreams + 1}), Error);
   EXPECT_THROW(check_stream(Stream{0, -1}), Error);
   EXPECT_THROW(check_stream(Stream{-1, 0}), InvalidDeviceError);
   EXPECT_THROW(launch(Stream{0, 999}, "x", [] {}), Error);

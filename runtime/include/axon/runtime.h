@@ -147,11 +147,17 @@ struct Stream {
 };
 
 constexpr int kStreamPoolSize = 32;  // streams per priority level
+constexpr int kDedicatedStreams = 16;  // per device, outside the pools
 
 // A stream from the device's pool, round robin (like CUDA's stream pool).
 // priority: 0 normal, < 0 high.  Priorities are accepted and kept apart; the
 // simulated device does not preempt.
 Stream stream_from_pool(int device, int priority);
+// A stream that no pool hands out (ids after the high-priority pool): each
+// call returns the next of kDedicatedStreams, so up to that many users (the
+// collectives' communication streams, one per process group) each get a queue
+// of their own, never shared with a user's pool stream.  Normal priority.
+Stream stream_dedicated(int device);
 int stream_priority(Stream s);
 // Throws Error if id is not a stream of that device.
 void check_stream(Stream s);
