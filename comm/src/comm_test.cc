@@ -108,8 +108,9 @@ TEST(CommReduce, Float32Ops) {
 TEST(CommReduce, HalfAccumulatesInFloat) {
   // 4 x bfloat16(1 + 2^-8): summed in bf16 step by step each add rounds; the
   // float32 accumulation rounds once.
-  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
-    const int n = 4;
+  // 2 sources take the fused bfloat16 loop, 4 the block conversions.
+  for (DType dt : {DType::kBFloat16, DType::kFloat16})
+  for (int n : {2, 4}) {
     const size_t count = 3000;
     std::vector<std::vector<uint16_t>> in(n, std::vector<uint16_t>(count));
     std::vector<const void*> srcs;
