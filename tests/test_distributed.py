@@ -393,6 +393,8 @@ def _bad_input(rank, world):
     expect("wrong device index", RuntimeError,
            lambda: dist.all_reduce(torch.ones(2, device=f"axon:{rank + 4}")),
            f"runs on axon:{rank}")
+    expect("recv from any source", RuntimeError,
+           lambda: dist.recv(torch.empty(2, device=dev)), "recv from any source")
     # The group still works after all of these (nothing was sent).
     dist.all_reduce(x)
     assert x.cpu().eq(world).all()
@@ -410,7 +412,7 @@ def test_bad_input_raises_pytorch_style_errors():
     with open(stale, "wb") as f:
         f.write(b"x")
     errors = run_ranks(_bad_input, 2, timeout=120)
-    assert len(errors[0]) == 7, errors[0]
+    assert len(errors[0]) == 8, errors[0]
     assert not os.path.exists(stale), "a stale segment of a dead process was left behind"
 
 

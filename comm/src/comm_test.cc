@@ -410,6 +410,39 @@ TEST(CommErrors, LargeSendToAMismatchedRecvFailsFast) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+TEST(CommErrors, AllToAllSplitMismatchNamesTheSizes) {
+  run_group(2, small_config(), [&](ShmGroup& g) {
+    char in[64] = {}, out[64] = {};
+    const void* ins[2] = {in, in};
+    void* outs[2] = {out, out};
+    // Rank 0 sends 16 bytes to rank 1, which expects 8.
+    size_t send[2] = {8, 16}, recv[2] = {8, 8};
+    if (g.rank() == 1) send[0] = 8, recv[0] = 8;
+    try {
+      g.all_to_all(ins, send, outs, recv);
+      FAIL() << "no error on rank " << g.rank();
+    } catch (const CommError& e) {
+      // Rank 1 sees the mismatch; rank 0 learns it through the abort.
+      EXPECT_NE(std::string(e.what()).find("rank 0 sends 16 bytes to rank 1, which expects 8"),
+                std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(CommErrors, RanksMustAgreeOnTheConfiguration) {
+  std::string name = unique_name();
+  Config a = small_config(), b = small_config();
+  b.small_bytes = a.small_bytes * 2;
+  ShmGroup g0(name, 0, 2, a);
+  try {
+    ShmGroup g1(name, 1, 2, b);
+    FAIL() << "no error";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks disagree on the group's configuration"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(CommErrors, AbortReachesWaitingPeers) {
   run_group(3, small_config(), [&](ShmGroup& g) {
     if (g.rank() == 2) {

@@ -106,7 +106,6 @@ struct ShmGroup::RankCtl {
   alignas(kAlign) std::atomic<uint64_t> phase;  // 3 * step + k
   std::atomic<uint32_t> attached;
   int32_t pid;
-  uint64_t meta;  // a value exchanged by all_to_all's size agreement
   // This step's buffer for the shared all_reduce (written before phase 1).
   int32_t sh_fd;
   uint64_t sh_id, sh_size, sh_offset;
@@ -150,6 +149,9 @@ ShmGroup::ShmGroup(const std::string& name, int rank, int size, const Config& co
   Layout l = layout(size, config_.slot_bytes, config_.p2p_bytes, sizeof(Header),
                     sizeof(RankCtl), sizeof(Chan));
   bytes_ = l.total;
+  chan_off_ = l.chan;
+  slots_off_ = l.slots;
+  p2p_off_ = l.p2p;
   int fd = -1;
   if (rank == 0) {
     fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -378,9 +380,8 @@ void ShmGroup::check_usable(const char* op) {
 // ---------------------------------------------------------------- steps
 
 char* ShmGroup::data_slot(int r) const {
-  Layout l = layout(size_, config_.slot_bytes, config_.p2p_bytes, sizeof(Header),
-                    sizeof(RankCtl), sizeof(Chan));
-  return static_cast<char*>(base_) + l.slots + (size_t(r) * 4 + (cur_ % 2) * 2) * config_.slot_bytes;
+  return static_cast<char*>(base_) + slots_off_ +
+         (size_t(r) * 4 + (cur_ % 2) * 2) * config_.slot_bytes;
 }
 
 char* ShmGroup::result_slot(int r) const { return data_slot(r) + config_.slot_bytes; }
@@ -800,15 +801,11 @@ void ShmGroup::all_to_all(const void* const* inputs, const size_t* send_bytes,
 // ---------------------------------------------------------------- point to point
 
 ShmGroup::Chan& ShmGroup::chan(int from, int to) const {
-  Layout l = layout(size_, config_.slot_bytes, config_.p2p_bytes, sizeof(Header),
-                    sizeof(RankCtl), sizeof(Chan));
-  return reinterpret_cast<Chan*>(static_cast<char*>(base_) + l.chan)[from * size_ + to];
+  return reinterpret_cast<Chan*>(static_cast<char*>(base_) + chan_off_)[from * size_ + to];
 }
 
 char* ShmGroup::chan_buf(int from, int to) const {
-  Layout l = layout(size_, config_.slot_bytes, config_.p2p_bytes, sizeof(Header),
-                    sizeof(RankCtl), sizeof(Chan));
-  return static_cast<char*>(base_) + l.p2p + size_t(from * size_ + to) * config_.p2p_bytes;
+  return static_cast<char*>(base_) + p2p_off_ + size_t(from * size_ + to) * config_.p2p_bytes;
 }
 
 void ShmGroup::send(const void* data, size_t bytes, int peer) {

@@ -94,7 +94,9 @@ class WorkAxon : public c10d::Work {
   bool wait(std::chrono::milliseconds /*timeout*/) override {
     std::string e = state_->get_error();
     if (!e.empty()) throw_dist_error(e);
-    if (ran_inline_) return true;  // finished before the call returned
+    // Finished already (or before the call returned): nothing to order, and
+    // its error, if any, was raised above.
+    if (ran_inline_ || end_.query()) return true;
     c10::Stream current = getCurrentAxonStream(device_);
     end_.block(current);
     auto state = state_;
@@ -888,15 +890,11 @@ class ProcessGroupAxon : public c10d::Backend {
       // isend/irecv): the buffer is free at once, as with the shared-memory
       // ring buffer.  Sends in flight are kept until they complete.
       auto global = global_;
-      auto pending = gloo_pending_;
       auto sends = gloo_sends_;
       return enqueue(OpType::SEND, op, {t}, {},
-                     [global, pending, sends, v = cpu_view(t), dst](comm::ShmGroup&) mutable {
+                     [global, sends, v = cpu_view(t), dst](comm::ShmGroup&) mutable {
                        std::vector<at::Tensor> tv = {v.clone()};
                        auto w = global->send(tv, dst, 0);
-                       if (pending) {
-                         pending->push_back(w);
-                       }
                        std::lock_guard<std::mutex> lock(sends->mu);
                        auto& in_flight = sends->works;
                        in_flight.erase(std::remove_if(in_flight.begin(), in_flight.end(),
@@ -993,8 +991,6 @@ class ProcessGroupAxon : public c10d::Backend {
                       std::move(coalesced_outputs_), std::move(all));
   }
 
-  // Test hook: the name of the communication stream's runtime stream.
-  int64_t commStreamId(c10::DeviceIndex device) { return commStream(device).id(); }
 
   // A segment is unlinked as soon as every rank has attached, so only a
   // process killed while a group was forming can leave one behind; its name
@@ -1279,7 +1275,7 @@ class ProcessGroupAxon : public c10d::Backend {
   std::map<int, int> host_order_;
   int local_rank_ = 0;
   c10::intrusive_ptr<c10d::Backend> leaders_, global_;
-  // gloo sends/receives posted inside a coalesced batch, waited for at its end.
+  // gloo receives posted inside a coalesced batch, waited for at its end.
   std::shared_ptr<std::vector<c10::intrusive_ptr<c10d::Work>>> gloo_pending_;
   // gloo sends in flight and their data (several hosts).
   struct GlooSends {
@@ -1315,8 +1311,7 @@ void initDistributedBindings(pybind11::module_& m) {
            py::arg("host_of") = std::vector<int>(), py::arg("leaders") = py::none(),
            py::arg("global_group") = py::none(), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("multi_host", &ProcessGroupAxon::multiHost)
-      .def_property_readonly("local_rank", &ProcessGroupAxon::localRank)
-      .def("_comm_stream_id", &ProcessGroupAxon::commStreamId);
+      .def_property_readonly("local_rank", &ProcessGroupAxon::localRank);
   d.def("memcpy_bandwidth", [](size_t bytes, int reps) {
     return ::axon::comm::memcpy_bandwidth(bytes, reps);
   }, py::call_guard<py::gil_scoped_release>());

@@ -147,8 +147,6 @@ class ShmGroup {
   void recv(void* data, size_t bytes, int peer);
   void send_recv_batch(const std::vector<P2POp>& ops);
 
-  // Test hook: the collective sequence number (steps taken so far).
-  uint64_t steps() const { return step_; }
 
  private:
   struct Header;
@@ -187,6 +185,7 @@ class ShmGroup {
   Config config_;
   void* base_ = nullptr;
   size_t bytes_ = 0;
+  size_t chan_off_ = 0, slots_off_ = 0, p2p_off_ = 0;  // offsets of the layout's parts
   bool unlinked_ = false;
   Header* header_ = nullptr;
   RankCtl* ctl_ = nullptr;
