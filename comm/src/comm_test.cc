@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <set>
 #include <string>
 #include <thread>
@@ -108,7 +109,7 @@ TEST(CommReduce, Float32Ops) {
 TEST(CommReduce, HalfAccumulatesInFloat) {
   // 4 x bfloat16(1 + 2^-8): summed in bf16 step by step each add rounds; the
   // float32 accumulation rounds once.
-  // 2 sources take the fused bfloat16 loop, 4 the block conversions.
+  // 3000 elements: the vector sums, then a tail of 8 through the block loops.
   for (DType dt : {DType::kBFloat16, DType::kFloat16})
   for (int n : {2, 4}) {
     const size_t count = 3000;
@@ -130,6 +131,64 @@ TEST(CommReduce, HalfAccumulatesInFloat) {
       }
       uint16_t want = dt == DType::kBFloat16 ? k::float_to_bf16(acc) : k::float_to_f16(acc);
       ASSERT_EQ(out[i], want) << dtype_name(dt) << " at " << i;
+    }
+  }
+}
+
+// The vector sums (2..8 sources) and the block loops (1 or 9 sources, and the
+// tails) against a scalar reference in rank order: the same bits, in place
+// (out is one of the sources) as well, for every length around the vector
+// width.  NaN and infinity pass through.
+TEST(CommReduce, SumsMatchAScalarReferenceForEverySourceCount) {
+  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16})
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kPremulSum})
+  for (int n = 1; n <= 9; ++n)
+  for (size_t count : {size_t{0}, size_t{5}, size_t{16}, size_t{47}, size_t{1000}})
+  for (bool in_place : {false, true}) {
+    const double factor = 0.3;
+    const size_t es = dt == DType::kFloat32 ? 4 : 2;
+    auto to_float = [&](const char* p) {
+      if (dt == DType::kFloat32) { float f; std::memcpy(&f, p, 4); return f; }
+      uint16_t b; std::memcpy(&b, p, 2);
+      return dt == DType::kBFloat16 ? k::bf16_to_float(b) : k::f16_to_float(b);
+    };
+    auto store = [&](char* p, float f) {
+      if (dt == DType::kFloat32) { std::memcpy(p, &f, 4); return; }
+      uint16_t b = dt == DType::kBFloat16 ? k::float_to_bf16(f) : k::float_to_f16(f);
+      std::memcpy(p, &b, 2);
+    };
+    std::vector<std::vector<char>> in(n, std::vector<char>(count * es + 1));
+    std::vector<const void*> srcs;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        float v = value(r, i) * 0.37f + 1.0f / 256;
+        if (i == 3 && r == n - 1) v = std::numeric_limits<float>::quiet_NaN();
+        if (i == 4 && r == 0) v = std::numeric_limits<float>::infinity();
+        store(in[r].data() + i * es, v);
+      }
+      srcs.push_back(in[r].data());
+    }
+    std::vector<char> want(count * es + 1);
+    for (size_t i = 0; i < count; ++i) {
+      float acc = to_float(in[0].data() + i * es);
+      for (int r = 1; r < n; ++r) acc += to_float(in[r].data() + i * es);
+      if (op == ReduceOp::kAvg) acc /= static_cast<float>(n);
+      if (op == ReduceOp::kPremulSum) acc *= static_cast<float>(factor);
+      store(want.data() + i * es, acc);
+    }
+    std::vector<char> separate(count * es + 1);
+    char* out = in_place ? in[n / 2].data() : separate.data();
+    reduce(dt, op, out, srcs.data(), n, count, factor);
+    for (size_t i = 0; i < count; ++i) {
+      float got = to_float(out + i * es), exp = to_float(want.data() + i * es);
+      if (std::isnan(exp)) {
+        ASSERT_TRUE(std::isnan(got)) << i;
+        continue;
+      }
+      ASSERT_EQ(std::memcmp(out + i * es, want.data() + i * es, es), 0)
+          << dtype_name(dt) << " " << reduce_op_name(op) << " " << n << " sources, " << count
+          << " elements" << (in_place ? " in place" : "") << ", at " << i << ": " << got
+          << " vs " << exp;
     }
   }
 }

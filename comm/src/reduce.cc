@@ -1,10 +1,15 @@
 // Element-wise reductions over the ranks' buffers (vectorised by the compiler:
-// -O3 on plain loops over blocks).  bfloat16/float16 are widened to float32
-// block by block, so a sum of n half-precision inputs rounds once.
+// -O3 on plain loops, or GCC vector types).  bfloat16/float16 are widened to
+// float32, so a sum of n half-precision inputs rounds once.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "axon/comm.h"
 #include "axon/kernels/dtype.h"
@@ -148,47 +153,6 @@ void reduce_bool(ReduceOp op, uint8_t* out, const void* const* srcs, int nsrc, s
   }
 }
 
-AXON_COMM_INLINE float bf16_bits_to_float(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-AXON_COMM_INLINE uint16_t float_to_bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  // Round to nearest even; NaN stays a (quiet) NaN.
-  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded);
-}
-
-// bfloat16 sums (SUM/AVG/PREMUL_SUM, the gradient reductions): one pass per
-// source over a block, the widening being a shift.
-AXON_COMM_SIMD void reduce_bf16_sum(ReduceOp op, uint16_t* out, const void* const* srcs,
-                                    int nsrc, size_t count, double factor) {
-  constexpr size_t kBlock = 2048;
-  alignas(64) float acc[kBlock];
-  const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(nsrc)
-                      : op == ReduceOp::kPremulSum ? static_cast<float>(factor) : 1.0f;
-  for (size_t off = 0; off < count; off += kBlock) {
-    const size_t n = std::min(kBlock, count - off);
-    const uint16_t* s0 = static_cast<const uint16_t*>(srcs[0]) + off;
-    for (size_t i = 0; i < n; ++i) acc[i] = bf16_bits_to_float(s0[i]);
-    for (int s = 1; s < nsrc; ++s) {
-      const uint16_t* sp = static_cast<const uint16_t*>(srcs[s]) + off;
-      for (size_t i = 0; i < n; ++i) acc[i] += bf16_bits_to_float(sp[i]);
-    }
-    if (op == ReduceOp::kAvg) {
-      for (size_t i = 0; i < n; ++i) acc[i] /= static_cast<float>(nsrc);
-    } else if (op == ReduceOp::kPremulSum) {
-      for (size_t i = 0; i < n; ++i) acc[i] *= scale;
-    }
-    uint16_t* o = out + off;
-    for (size_t i = 0; i < n; ++i) o[i] = float_to_bf16_bits(acc[i]);
-  }
-}
-
 AXON_COMM_SIMD void reduce_f32(ReduceOp op, float* out, const void* const* srcs, int nsrc,
                                size_t count, double factor) {
   reduce_typed(op, out, srcs, nsrc, count, factor);
@@ -196,13 +160,6 @@ AXON_COMM_SIMD void reduce_f32(ReduceOp op, float* out, const void* const* srcs,
 
 void reduce_half(DType dt, ReduceOp op, void* out, const void* const* srcs, int nsrc,
                  size_t count, double factor) {
-  // Measured on the 2-core machine (axoncomm_bench, 256 MiB, shared buffers):
-  // the fused loop wins for 2 sources (12 vs 9.3 GB/s bus bandwidth), the
-  // kernels' block conversions for 4 (7.4 vs 6 GB/s).
-  if (dt == DType::kBFloat16 && nsrc <= 2 &&
-      (op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kPremulSum)) {
-    return reduce_bf16_sum(op, static_cast<uint16_t*>(out), srcs, nsrc, count, factor);
-  }
   namespace k = axon::kernels;
   k::DType kdt = dt == DType::kBFloat16 ? k::DType::kBFloat16 : k::DType::kFloat16;
   constexpr size_t kBlock = 2048;
@@ -224,11 +181,173 @@ void reduce_half(DType dt, ReduceOp op, void* out, const void* const* srcs, int 
   }
 }
 
+
+// Sums (SUM/AVG/PREMUL_SUM, the gradient reductions) of 2..8 sources, the
+// common case: 16 elements at a time, the accumulator in a register, the
+// sources summed in rank order in float32 (as the block loops above do, so
+// results are the same bits).  All sources of a vector are read before its
+// result is stored, so out may be one of the sources (an in-place reduction)
+// without the compiler's alias checks falling back to scalar code.  Measured
+// against the block loops (4 sources, 4 M elements each, out of cache):
+// float32 14.3 vs 6.9, bfloat16 18.4 vs 7.5 G source elements/s.
+constexpr size_t kLanes = 16;
+typedef float F32x16 __attribute__((vector_size(64)));
+typedef uint32_t U32x16 __attribute__((vector_size(64)));
+typedef uint16_t U16x16 __attribute__((vector_size(32)));
+
+template <typename V, typename T>
+AXON_COMM_INLINE V load_vec(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+AXON_COMM_INLINE F32x16 bf16x16_to_float(U16x16 b) {
+  U32x16 u = __builtin_convertvector(b, U32x16) << 16;
+  F32x16 f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+AXON_COMM_INLINE U16x16 float_to_bf16x16(F32x16 f) {
+  U32x16 u;
+  std::memcpy(&u, &f, sizeof u);
+  // Round to nearest even; NaN stays a (quiet) NaN.
+  U32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  U32x16 r = (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded;
+  return __builtin_convertvector(r, U16x16);
+}
+
+// kind: 0 sum, 1 divide by nsrc (AVG), 2 multiply by factor (PREMUL_SUM).
+template <int NS, typename T>
+AXON_COMM_INLINE size_t sum_vec(T* out, const void* const* srcs, size_t count, int kind,
+                                float factor) {
+  const T* p[NS];
+  for (int k = 0; k < NS; ++k) p[k] = static_cast<const T*>(srcs[k]);
+  size_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) {
+    F32x16 a;
+    if constexpr (std::is_same_v<T, float>) {
+      a = load_vec<F32x16>(p[0] + i);
+      for (int k = 1; k < NS; ++k) a += load_vec<F32x16>(p[k] + i);
+    } else {
+      a = bf16x16_to_float(load_vec<U16x16>(p[0] + i));
+      for (int k = 1; k < NS; ++k) a += bf16x16_to_float(load_vec<U16x16>(p[k] + i));
+    }
+    if (kind == 1) {
+      a /= static_cast<float>(NS);
+    } else if (kind == 2) {
+      a *= factor;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      std::memcpy(out + i, &a, sizeof a);
+    } else {
+      U16x16 r = float_to_bf16x16(a);
+      std::memcpy(out + i, &r, sizeof r);
+    }
+  }
+  return i;
+}
+
+// Elements done (a multiple of 16; the caller does the rest), or 0 when the
+// source count is not 2..8.
+template <typename T>
+AXON_COMM_INLINE size_t sum_fast(T* out, const void* const* srcs, int nsrc, size_t count,
+                                 int kind, float factor) {
+  switch (nsrc) {
+    case 2: return sum_vec<2>(out, srcs, count, kind, factor);
+    case 3: return sum_vec<3>(out, srcs, count, kind, factor);
+    case 4: return sum_vec<4>(out, srcs, count, kind, factor);
+    case 5: return sum_vec<5>(out, srcs, count, kind, factor);
+    case 6: return sum_vec<6>(out, srcs, count, kind, factor);
+    case 7: return sum_vec<7>(out, srcs, count, kind, factor);
+    case 8: return sum_vec<8>(out, srcs, count, kind, factor);
+    default: return 0;
+  }
+}
+
+AXON_COMM_SIMD size_t sum_f32(float* out, const void* const* srcs, int nsrc, size_t count,
+                              int kind, float factor) {
+  return sum_fast(out, srcs, nsrc, count, kind, factor);
+}
+
+AXON_COMM_SIMD size_t sum_bf16(uint16_t* out, const void* const* srcs, int nsrc, size_t count,
+                               int kind, float factor) {
+  return sum_fast(out, srcs, nsrc, count, kind, factor);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// float16 the same way with the F16C conversions (GCC does not vectorise
+// _Float16 ones); round to nearest even, as the kernels' conversion.
+template <int NS>
+__attribute__((target("avx2,f16c"))) size_t sum_f16_vec(uint16_t* out, const void* const* srcs,
+                                                        size_t count, int kind, float factor) {
+  const uint16_t* p[NS];
+  for (int k = 0; k < NS; ++k) p[k] = static_cast<const uint16_t*>(srcs[k]);
+  const __m256 scale = _mm256_set1_ps(kind == 1 ? static_cast<float>(NS) : factor);
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0] + i)));
+    for (int k = 1; k < NS; ++k)
+      a = _mm256_add_ps(a, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[k] + i))));
+    if (kind == 1) {
+      a = _mm256_div_ps(a, scale);
+    } else if (kind == 2) {
+      a = _mm256_mul_ps(a, scale);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  return i;
+}
+
+size_t sum_f16(uint16_t* out, const void* const* srcs, int nsrc, size_t count, int kind,
+               float factor) {
+  static const bool ok = (__builtin_cpu_init(), __builtin_cpu_supports("avx2") &&
+                                                    __builtin_cpu_supports("f16c"));
+  if (!ok) return 0;
+  switch (nsrc) {
+    case 2: return sum_f16_vec<2>(out, srcs, count, kind, factor);
+    case 3: return sum_f16_vec<3>(out, srcs, count, kind, factor);
+    case 4: return sum_f16_vec<4>(out, srcs, count, kind, factor);
+    case 5: return sum_f16_vec<5>(out, srcs, count, kind, factor);
+    case 6: return sum_f16_vec<6>(out, srcs, count, kind, factor);
+    case 7: return sum_f16_vec<7>(out, srcs, count, kind, factor);
+    case 8: return sum_f16_vec<8>(out, srcs, count, kind, factor);
+    default: return 0;
+  }
+}
+#else
+size_t sum_f16(uint16_t*, const void* const*, int, size_t, int, float) { return 0; }
+#endif
+
+// The fast sums where they apply: elements done (the caller reduces the rest
+// from there).
+size_t reduce_sum_fast(DType dt, ReduceOp op, void* out, const void* const* srcs, int nsrc,
+                       size_t count, double factor) {
+  if (op != ReduceOp::kSum && op != ReduceOp::kAvg && op != ReduceOp::kPremulSum) return 0;
+  const int kind = op == ReduceOp::kAvg ? 1 : op == ReduceOp::kPremulSum ? 2 : 0;
+  const float f = static_cast<float>(factor);
+  switch (dt) {
+    case DType::kFloat32: return sum_f32(static_cast<float*>(out), srcs, nsrc, count, kind, f);
+    case DType::kBFloat16: return sum_bf16(static_cast<uint16_t*>(out), srcs, nsrc, count, kind, f);
+    case DType::kFloat16: return sum_f16(static_cast<uint16_t*>(out), srcs, nsrc, count, kind, f);
+    default: return 0;
+  }
+}
+
 }  // namespace
 
 void reduce(DType dt, ReduceOp op, void* out, const void* const* srcs, int nsrc, size_t count,
             double factor) {
   check_reduce(dt, op);
+  if (size_t done = reduce_sum_fast(dt, op, out, srcs, nsrc, count, factor); done > 0) {
+    if (done == count) return;
+    const size_t es = dtype_size(dt);
+    const void* rest[8];  // done > 0: at most 8 sources
+    for (int k = 0; k < nsrc; ++k) rest[k] = static_cast<const char*>(srcs[k]) + done * es;
+    return reduce(dt, op, static_cast<char*>(out) + done * es, rest, nsrc, count - done, factor);
+  }
   switch (dt) {
     case DType::kFloat32: return reduce_f32(op, static_cast<float*>(out), srcs, nsrc, count, factor);
     case DType::kFloat64: return reduce_typed(op, static_cast<double*>(out), srcs, nsrc, count, factor);

@@ -193,7 +193,6 @@ class ShmGroup {
   uint64_t cur_ = 0;      // the current step
   const char* cur_op_ = "";
   std::map<std::pair<int, uint64_t>, std::pair<void*, size_t>> peer_maps_;  // (rank, id)
-  std::vector<char> tmp_;  // a reduced chunk (shared all_reduce)
   mutable std::mutex broken_mu_;
   std::string broken_;
 };
