@@ -61,6 +61,14 @@ def bus_factor(op: str, n: int) -> float:
     return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
 
+def data(numel, dtype, device, rank):
+    """Random normal values (seeded by rank), as gradients would be: this
+    machine moves all-zero buffers measurably faster (256 MiB all_reduce, 2
+    ranks: 14 vs 16 ms), so the data is not left to chance."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    return torch.randn(numel, generator=g).to(dtype).to(device)
+
+
 def _rank_main(rank, world, ops, dtypes, sizes, reps_small, reps_large):
     import torch.distributed as dist
 
@@ -77,13 +85,13 @@ def _rank_main(rank, world, ops, dtypes, sizes, reps_small, reps_large):
                 bufs = {}
                 for backend, device in (("axon", dev), ("gloo", torch.device("cpu"))):
                     if op == "all_reduce":
-                        bufs[backend] = (torch.ones(numel, dtype=dtype, device=device),)
+                        bufs[backend] = (data(numel, dtype, device, rank),)
                     elif op == "all_gather":
                         bufs[backend] = (torch.empty(numel, dtype=dtype, device=device),
-                                         torch.ones(numel // world, dtype=dtype, device=device))
+                                         data(numel // world, dtype, device, rank))
                     else:
                         bufs[backend] = (torch.empty(numel // world, dtype=dtype, device=device),
-                                         torch.ones(numel, dtype=dtype, device=device))
+                                         data(numel, dtype, device, rank))
 
                 def call(backend):
                     b = bufs[backend]

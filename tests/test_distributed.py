@@ -296,6 +296,30 @@ def _stream_semantics(rank, world):
     if rank == 0:
         assert compute_wait < 0.25, f"compute waited {compute_wait:.3f} s for the collective"
 
+    # Large collectives take the direct shared-memory paths on either thread:
+    # the communication stream (async, or sync behind a busy stream) and the
+    # calling thread (sync with idle streams).
+    count = 1_300_007
+    want = torch.full((count,), float(world * (world + 1) // 2))
+    for mode in ("async", "busy", "idle"):
+        big = torch.full((count,), float(rank + 1), device=dev)
+        gathered = torch.empty(world * count, device=dev)
+        scattered = torch.empty(count // world, device=dev)
+        if mode == "busy":
+            _C._test_sleep_on_stream(rank, 50.0)
+        else:
+            torch.axon.synchronize()
+        works = [dist.all_reduce(big, async_op=mode == "async"),
+                 dist.all_gather_into_tensor(gathered, big, async_op=mode == "async"),
+                 dist.reduce_scatter_tensor(scattered, big[:count // world * world],
+                                            async_op=mode == "async")]
+        for w in works:
+            if w is not None:
+                w.wait()
+        assert torch.equal(big.cpu(), want), mode
+        assert torch.equal(gathered.cpu(), want.repeat(world)), mode
+        assert torch.equal(scattered.cpu(), want[:count // world] * world), mode
+
     # The future: value is the output list, usable on the current stream.
     f = dist.all_reduce(torch.ones(3, device=dev), async_op=True).get_future()
     val = f.wait()

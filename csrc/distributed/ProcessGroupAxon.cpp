@@ -221,8 +221,8 @@ struct Op {
   bool p2p = false;
   comm::P2POp p2p_op{};
   std::function<void(comm::ShmGroup&)> fn;
-  // A small collective the caller does not run asynchronously: when both
-  // streams are idle it runs on the calling thread (see enqueue_on).
+  // A collective the caller does not run asynchronously: when both streams
+  // are idle it runs on the calling thread (see enqueue_on).
   bool may_run_inline = false;
 };
 
@@ -340,7 +340,7 @@ class ProcessGroupAxon : public c10d::Backend {
     }
     return enqueue(OpType::BROADCAST, op, {t}, {t},
                    Op{op, false, {}, [=](comm::ShmGroup& g) { g.broadcast(p, n, root); },
-                      small_sync(opts.asyncOp, n)});
+                      !opts.asyncOp});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
@@ -382,7 +382,7 @@ class ProcessGroupAxon : public c10d::Backend {
     return enqueue(OpType::ALLREDUCE, op, {t}, {t},
                    Op{op, false, {}, [=](comm::ShmGroup& g) {
                         g.all_reduce(p, n, dt, r.op, r.factor, shared ? &*shared : nullptr);
-                      }, small_sync(opts.asyncOp, nbytes(t))});
+                      }, !opts.asyncOp});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -474,7 +474,7 @@ class ProcessGroupAxon : public c10d::Backend {
     return enqueue(OpType::ALLGATHER, op, all, outs,
                    Op{op, false, {}, [=](comm::ShmGroup& g) {
                         g.all_gather(src, n, dst.data(), shared ? &*shared : nullptr);
-                      }, small_sync(opts.asyncOp, n * getSize())});
+                      }, !opts.asyncOp});
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
@@ -500,7 +500,7 @@ class ProcessGroupAxon : public c10d::Backend {
     return enqueue(OpType::_ALLGATHER_BASE, op, {input, output}, {output},
                    Op{op, false, {}, [=](comm::ShmGroup& g) {
                         g.all_gather(src, n, dst.data(), shared ? &*shared : nullptr);
-                      }, small_sync(opts.asyncOp, nbytes(output))});
+                      }, !opts.asyncOp});
   }
 
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
@@ -716,7 +716,7 @@ class ProcessGroupAxon : public c10d::Backend {
                    Op{op, false, {}, [=](comm::ShmGroup& g) {
                         g.reduce_scatter(src.data(), dst, n, dt, r.op, r.factor,
                                          shared ? &*shared : nullptr);
-                      }, small_sync(opts.asyncOp, nbytes(input))});
+                      }, !opts.asyncOp});
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
@@ -1127,10 +1127,6 @@ class ProcessGroupAxon : public c10d::Backend {
     return comm::SharedBuffer{ex.fd, ex.id, ex.size, ex.offset};
   }
 
-  bool small_sync(bool async_op, size_t bytes) const {
-    return !async_op && bytes <= shm_->config().small_bytes;
-  }
-
   void check_root(int64_t root, const char* op) {
     TORCH_CHECK(root >= 0 && root < getSize(), "ProcessGroupAxon: ", op, ": invalid root rank ",
                 root, " for a group of size ", getSize());
@@ -1193,11 +1189,11 @@ class ProcessGroupAxon : public c10d::Backend {
     c10::Stream comm_stream = commStream(device);
     if (op.may_run_inline && !op.p2p && ::axon::rt::stream_query(to_rt(current)) &&
         ::axon::rt::stream_query(to_rt(comm_stream))) {
-      // Latency: a small synchronous collective with nothing queued before it
-      // runs here, on the calling thread, instead of waking the stream
-      // workers (3 thread switches per rank on few cores).  Stream order is
-      // kept: both streams are idle, so its inputs are final, and it is done
-      // before anything queued after it.
+      // Latency: a synchronous collective with nothing queued before it runs
+      // here, on the calling thread, instead of waking the stream workers (3
+      // thread switches per rank on few cores, ~150-200 us here, at any
+      // size).  Stream order is kept: both streams are idle, so its inputs
+      // are final, and it is done before anything queued after it.
       auto state = std::make_shared<OpState>();
       try {
         run_op(*shm_, *state, timeout_, name, [&] { op.fn(*shm_); });
