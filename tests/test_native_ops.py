@@ -1021,6 +1021,20 @@ def test_linear_decode_shape_in_a_model_matches_cpu(no_fallback):
     assert_same(lin_a(x.axon()), lin(x), accum=True)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_large_weight_on_all_threads_matches_cpu(rows, bias, no_fallback):
+    """A weight of 16 MiB or more (an output projection) is split over the
+    device's whole thread team; the columns the threads share out must all be
+    written, once."""
+    k, n = 512, 8195  # 4.2M elements; odd n: the split has a ragged end
+    x = make((rows, k), torch.float32, seed=6)
+    w = make((n, k), torch.float32, seed=7)
+    b = make((n,), torch.float32, seed=8) if bias else None
+    got = F.linear(x.axon(), w.axon(), None if b is None else b.axon())
+    assert_same(got, F.linear(x, w, b), accum=True)
+
+
 @pytest.mark.parametrize("out_kind", ["exact", "strided_rows", "wrong_shape", "aliases_input"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_few_rows_out_variant_matches_cpu(out_kind, bias, no_fallback):
