@@ -199,7 +199,7 @@ ShmGroup::ShmGroup(const std::string& name, int rank, int size, const Config& co
     header_->slot_bytes = config_.slot_bytes;
     header_->p2p_bytes = config_.p2p_bytes;
     header_->small_bytes = config_.small_bytes;
-    std::atomic_thread_fence(std::memory_order_release);
+    // The release store publishes the fields above to whoever reads kMagic.
     reinterpret_cast<std::atomic<uint64_t>*>(&header_->magic)->store(kMagic, std::memory_order_release);
   } else {
     auto deadline = Clock::now() + config_.timeout;
