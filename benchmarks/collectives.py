@@ -64,7 +64,10 @@ def bus_factor(op: str, n: int) -> float:
 def data(numel, dtype, device, rank):
     """Random normal values (seeded by rank), as gradients would be: this
     machine moves all-zero buffers measurably faster (256 MiB all_reduce, 2
-    ranks: 14 vs 16 ms), so the data is not left to chance."""
+    ranks: 14 vs 16 ms), so the data is not left to chance.  The in-place SUMs
+    grow it by about the world size per call, so the ~300 calls of a small
+    size end on infinities; float adds cost the same on them (x86 has no slow
+    path for infinities, only for denormals), and large sizes make 6 calls."""
     g = torch.Generator().manual_seed(1000 + rank)
     return torch.randn(numel, generator=g).to(dtype).to(device)
 

@@ -298,27 +298,31 @@ def _stream_semantics(rank, world):
 
     # Large collectives take the direct shared-memory paths on either thread:
     # the communication stream (async, or sync behind a busy stream) and the
-    # calling thread (sync with idle streams).
+    # calling thread (sync with idle streams).  Every element differs along
+    # the tensor and across ranks, so a misplaced slice shows.
     count = 1_300_007
-    want = torch.full((count,), float(world * (world + 1) // 2))
+    base = torch.arange(count, dtype=torch.float32).remainder(1009)
+    inputs = [base + 1000.0 * r for r in range(world)]
+    want = sum(inputs)  # exact in float32: integers below 2^24
+    chunk = count // world
     for mode in ("async", "busy", "idle"):
-        big = torch.full((count,), float(rank + 1), device=dev)
+        big = inputs[rank].to(dev)
         gathered = torch.empty(world * count, device=dev)
-        scattered = torch.empty(count // world, device=dev)
+        scattered = torch.empty(chunk, device=dev)
         if mode == "busy":
             _C._test_sleep_on_stream(rank, 50.0)
         else:
             torch.axon.synchronize()
         works = [dist.all_reduce(big, async_op=mode == "async"),
                  dist.all_gather_into_tensor(gathered, big, async_op=mode == "async"),
-                 dist.reduce_scatter_tensor(scattered, big[:count // world * world],
+                 dist.reduce_scatter_tensor(scattered, big[:chunk * world],
                                             async_op=mode == "async")]
         for w in works:
             if w is not None:
                 w.wait()
         assert torch.equal(big.cpu(), want), mode
         assert torch.equal(gathered.cpu(), want.repeat(world)), mode
-        assert torch.equal(scattered.cpu(), want[:count // world] * world), mode
+        assert torch.equal(scattered.cpu(), want[rank * chunk:(rank + 1) * chunk] * world), mode
 
     # The future: value is the output list, usable on the current stream.
     f = dist.all_reduce(torch.ones(3, device=dev), async_op=True).get_future()

@@ -144,7 +144,8 @@ TEST(CommReduce, SumsMatchAScalarReferenceForEverySourceCount) {
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kPremulSum})
   for (int n = 1; n <= 9; ++n)
   for (size_t count : {size_t{0}, size_t{5}, size_t{16}, size_t{47}, size_t{1000}})
-  for (bool in_place : {false, true}) {
+  for (int alias = -1; alias < n; ++alias) {  // -1: a separate output, else that source
+    const bool in_place = alias >= 0;
     const double factor = 0.3;
     const size_t es = dt == DType::kFloat32 ? 4 : 2;
     auto to_float = [&](const char* p) {
@@ -177,8 +178,11 @@ TEST(CommReduce, SumsMatchAScalarReferenceForEverySourceCount) {
       store(want.data() + i * es, acc);
     }
     std::vector<char> separate(count * es + 1);
-    char* out = in_place ? in[n / 2].data() : separate.data();
+    char* out = in_place ? in[alias].data() : separate.data();
+    // A guard byte after the output: nothing may be written past count.
+    out[count * es] = 0x5a;
     reduce(dt, op, out, srcs.data(), n, count, factor);
+    ASSERT_EQ(out[count * es], 0x5a) << "wrote past the end";
     for (size_t i = 0; i < count; ++i) {
       float got = to_float(out + i * es), exp = to_float(want.data() + i * es);
       if (std::isnan(exp)) {
@@ -187,7 +191,8 @@ TEST(CommReduce, SumsMatchAScalarReferenceForEverySourceCount) {
       }
       ASSERT_EQ(std::memcmp(out + i * es, want.data() + i * es, es), 0)
           << dtype_name(dt) << " " << reduce_op_name(op) << " " << n << " sources, " << count
-          << " elements" << (in_place ? " in place" : "") << ", at " << i << ": " << got
+          << " elements" << (in_place ? " in place of source " + std::to_string(alias) : "")
+          << ", at " << i << ": " << got
           << " vs " << exp;
     }
   }

@@ -2,6 +2,7 @@
 #include "ProcessGroupAxon.h"
 
 #include <dirent.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <optional>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include <ATen/core/ivalue.h>
 #include <c10/core/Event.h>
@@ -201,6 +203,26 @@ Reduction to_comm(const c10d::ReduceOp& op, const at::Tensor& t, const char* nam
 char* ptr(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 size_t nbytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
 
+// The largest synchronous collective that may run on the calling thread (see
+// enqueue_on).  With a core or more to spare per local rank, a large one is
+// left to the communication stream, where it overlaps the caller's host work
+// (FSDP1 issues its all-gathers and reduce-scatters synchronously on side
+// streams); 4 MiB moves in about the 150-200 us a stream task's wake-ups cost
+// here.  With no core to spare (as many local ranks as cores or more), the
+// stream worker and the host thread share one core per rank, nothing
+// overlaps, and the wake-ups are pure cost: any size runs inline.
+// AXON_COMM_INLINE_BYTES overrides.
+size_t inline_bytes_limit(size_t local_ranks) {
+  if (const char* v = std::getenv("AXON_COMM_INLINE_BYTES"); v != nullptr && *v != '\0') {
+    return static_cast<size_t>(std::strtoull(v, nullptr, 10));
+  }
+  size_t cores = 0;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cores = static_cast<size_t>(CPU_COUNT(&set));
+  if (cores == 0) cores = std::max(1u, std::thread::hardware_concurrency());
+  return local_ranks >= cores ? std::numeric_limits<size_t>::max() : size_t{4} << 20;
+}
+
 comm::Config config_from_env(std::chrono::milliseconds timeout) {
   comm::Config c;
   auto read = [](const char* name, size_t fallback) {
@@ -221,8 +243,9 @@ struct Op {
   bool p2p = false;
   comm::P2POp p2p_op{};
   std::function<void(comm::ShmGroup&)> fn;
-  // A collective the caller does not run asynchronously: when both streams
-  // are idle it runs on the calling thread (see enqueue_on).
+  // A collective the caller does not run asynchronously, up to
+  // inline_bytes_limit(): when both streams are idle it runs on the calling
+  // thread (see enqueue_on).
   bool may_run_inline = false;
 };
 
@@ -266,6 +289,7 @@ class ProcessGroupAxon : public c10d::Backend {
     std::string name;
     static std::atomic<int> counter{0};
     comm::Config config = config_from_env(timeout);
+    inline_bytes_ = inline_bytes_limit(local_ranks_.size());
     try {
       if (local_rank_ == 0) {
         std::random_device rd;
@@ -340,7 +364,7 @@ class ProcessGroupAxon : public c10d::Backend {
     }
     return enqueue(OpType::BROADCAST, op, {t}, {t},
                    Op{op, false, {}, [=](comm::ShmGroup& g) { g.broadcast(p, n, root); },
-                      !opts.asyncOp});
+                      sync_inline(opts.asyncOp, n)});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
@@ -382,7 +406,7 @@ class ProcessGroupAxon : public c10d::Backend {
     return enqueue(OpType::ALLREDUCE, op, {t}, {t},
                    Op{op, false, {}, [=](comm::ShmGroup& g) {
                         g.all_reduce(p, n, dt, r.op, r.factor, shared ? &*shared : nullptr);
-                      }, !opts.asyncOp});
+                      }, sync_inline(opts.asyncOp, nbytes(t))});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -474,7 +498,7 @@ class ProcessGroupAxon : public c10d::Backend {
     return enqueue(OpType::ALLGATHER, op, all, outs,
                    Op{op, false, {}, [=](comm::ShmGroup& g) {
                         g.all_gather(src, n, dst.data(), shared ? &*shared : nullptr);
-                      }, !opts.asyncOp});
+                      }, sync_inline(opts.asyncOp, n * getSize())});
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
@@ -500,7 +524,7 @@ class ProcessGroupAxon : public c10d::Backend {
     return enqueue(OpType::_ALLGATHER_BASE, op, {input, output}, {output},
                    Op{op, false, {}, [=](comm::ShmGroup& g) {
                         g.all_gather(src, n, dst.data(), shared ? &*shared : nullptr);
-                      }, !opts.asyncOp});
+                      }, sync_inline(opts.asyncOp, nbytes(output))});
   }
 
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
@@ -716,7 +740,7 @@ class ProcessGroupAxon : public c10d::Backend {
                    Op{op, false, {}, [=](comm::ShmGroup& g) {
                         g.reduce_scatter(src.data(), dst, n, dt, r.op, r.factor,
                                          shared ? &*shared : nullptr);
-                      }, !opts.asyncOp});
+                      }, sync_inline(opts.asyncOp, nbytes(input))});
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
@@ -1121,6 +1145,10 @@ class ProcessGroupAxon : public c10d::Backend {
     }
   }
 
+  bool sync_inline(bool async_op, size_t bytes) const {
+    return !async_op && bytes <= inline_bytes_;
+  }
+
   static std::optional<comm::SharedBuffer> shared_buffer(const at::Tensor& t) {
     ::axon::rt::MemoryExport ex;
     if (t.numel() == 0 || !::axon::rt::memory_export(t.data_ptr(), &ex)) return std::nullopt;
@@ -1191,9 +1219,9 @@ class ProcessGroupAxon : public c10d::Backend {
         ::axon::rt::stream_query(to_rt(comm_stream))) {
       // Latency: a synchronous collective with nothing queued before it runs
       // here, on the calling thread, instead of waking the stream workers (3
-      // thread switches per rank on few cores, ~150-200 us here, at any
-      // size).  Stream order is kept: both streams are idle, so its inputs
-      // are final, and it is done before anything queued after it.
+      // thread switches per rank on few cores, ~150-200 us here).  Stream
+      // order is kept: both streams are idle, so its inputs are final, and
+      // it is done before anything queued after it.
       auto state = std::make_shared<OpState>();
       try {
         run_op(*shm_, *state, timeout_, name, [&] { op.fn(*shm_); });
@@ -1280,6 +1308,7 @@ class ProcessGroupAxon : public c10d::Backend {
   };
   std::shared_ptr<GlooSends> gloo_sends_ = std::make_shared<GlooSends>();
   std::shared_ptr<comm::ShmGroup> shm_;
+  size_t inline_bytes_ = 0;  // see inline_bytes_limit
   std::map<c10::DeviceIndex, c10::Stream> streams_;
   c10::DeviceIndex device_ = -1;
   bool coalescing_ = false;
