@@ -249,21 +249,29 @@ AXON_COMM_INLINE size_t sum_vec(T* out, const void* const* srcs, size_t count, i
   return i;
 }
 
+// f(std::integral_constant<int, n>) for n = nsrc in 2..8; 0 for other counts.
+template <typename F>
+AXON_COMM_INLINE size_t for_source_count(int nsrc, F&& f) {
+  switch (nsrc) {
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return 0;
+  }
+}
+
 // Elements done (a multiple of 16; the caller does the rest), or 0 when the
-// source count is not 2..8.
+// source count is not 2..8.  Inlined into each target clone below.
 template <typename T>
 AXON_COMM_INLINE size_t sum_fast(T* out, const void* const* srcs, int nsrc, size_t count,
                                  int kind, float factor) {
-  switch (nsrc) {
-    case 2: return sum_vec<2>(out, srcs, count, kind, factor);
-    case 3: return sum_vec<3>(out, srcs, count, kind, factor);
-    case 4: return sum_vec<4>(out, srcs, count, kind, factor);
-    case 5: return sum_vec<5>(out, srcs, count, kind, factor);
-    case 6: return sum_vec<6>(out, srcs, count, kind, factor);
-    case 7: return sum_vec<7>(out, srcs, count, kind, factor);
-    case 8: return sum_vec<8>(out, srcs, count, kind, factor);
-    default: return 0;
-  }
+  return for_source_count(nsrc, [&](auto ns) __attribute__((always_inline)) {
+    return sum_vec<decltype(ns)::value>(out, srcs, count, kind, factor);
+  });
 }
 
 AXON_COMM_SIMD size_t sum_f32(float* out, const void* const* srcs, int nsrc, size_t count,
@@ -306,16 +314,9 @@ size_t sum_f16(uint16_t* out, const void* const* srcs, int nsrc, size_t count, i
   static const bool ok = (__builtin_cpu_init(), __builtin_cpu_supports("avx2") &&
                                                     __builtin_cpu_supports("f16c"));
   if (!ok) return 0;
-  switch (nsrc) {
-    case 2: return sum_f16_vec<2>(out, srcs, count, kind, factor);
-    case 3: return sum_f16_vec<3>(out, srcs, count, kind, factor);
-    case 4: return sum_f16_vec<4>(out, srcs, count, kind, factor);
-    case 5: return sum_f16_vec<5>(out, srcs, count, kind, factor);
-    case 6: return sum_f16_vec<6>(out, srcs, count, kind, factor);
-    case 7: return sum_f16_vec<7>(out, srcs, count, kind, factor);
-    case 8: return sum_f16_vec<8>(out, srcs, count, kind, factor);
-    default: return 0;
-  }
+  return for_source_count(nsrc, [&](auto ns) {
+    return sum_f16_vec<decltype(ns)::value>(out, srcs, count, kind, factor);
+  });
 }
 #else
 size_t sum_f16(uint16_t*, const void* const*, int, size_t, int, float) { return 0; }
