@@ -283,7 +283,7 @@ TEST_P(CommGroup, AllReduceReadsAndWritesPeersBuffersDirectly) {
   });
 }
 
-TEST_P(CommGroup, AllGatherAndReduceScatterReadPeersDirectly) {
+TEST_P(CommGroup, AllGatherReduceScatterAndBroadcastReadPeersDirectly) {
   const int n = GetParam();
   run_group(n, small_config(), [&](ShmGroup& g) {
     const int r = g.rank();
@@ -311,6 +311,11 @@ TEST_P(CommGroup, AllGatherAndReduceScatterReadPeersDirectly) {
         for (int q = 0; q < n; ++q) want += value(q, r * count + i);
         ASSERT_EQ(mine[i], want) << i;
       }
+      // broadcast from the last rank: the others copy from its buffer.
+      MemfdBuffer b(count, 8 * r + 5);
+      for (size_t i = 0; i < count; ++i) b.data[i] = value(r, i);
+      g.broadcast(b.data, count * sizeof(float), n - 1, shared ? &b.shared : nullptr);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(b.data[i], value(n - 1, i)) << i;
     }
   });
 }

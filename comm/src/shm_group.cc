@@ -593,10 +593,23 @@ bool ShmGroup::all_reduce_shared(char* data, size_t count, DType dt, ReduceOp op
   return true;
 }
 
-void ShmGroup::broadcast(void* data, size_t bytes, int root) {
+void ShmGroup::broadcast(void* data, size_t bytes, int root, const SharedBuffer* shared) {
   check_usable("broadcast");
   if (size_ == 1) return;
   char* p = static_cast<char*>(data);
+  // One reader (2 ranks): it copies from the root's buffer directly, one copy
+  // instead of two (256 MiB: 10.6 vs 21.3 ms).  With more readers the staged
+  // path is faster (4 ranks on 2 cores: 40 vs 48 ms): its 4 MiB slots stay in
+  // the cache for all of them, while direct readers each fetch the root's
+  // buffer from memory.  The same decision on every rank.
+  if (size_ == 2 && bytes > config_.small_bytes) {
+    std::vector<char*> bufs;
+    if (map_all("broadcast", shared, p, bufs)) {
+      if (rank_ != root) copy(p, bufs[root], bytes);
+      finish_shared("broadcast");
+      return;
+    }
+  }
   size_t chunk = config_.slot_bytes;
   for (size_t off = 0; off < bytes; off += chunk) {
     size_t n = std::min(chunk, bytes - off);

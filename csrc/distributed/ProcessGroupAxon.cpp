@@ -351,20 +351,24 @@ class ProcessGroupAxon : public c10d::Backend {
       int root_leader_index = leader_index_of(root);
       auto leaders = leaders_;
       at::Tensor view = cpu_view(t);
+      std::optional<comm::SharedBuffer> shared = shared_buffer(t);
       return enqueue(OpType::BROADCAST, op, {t}, {t}, [=](comm::ShmGroup& g) mutable {
-        if (root_host) g.broadcast(p, n, local_root);
+        const comm::SharedBuffer* sp = shared ? &*shared : nullptr;
+        if (root_host) g.broadcast(p, n, local_root, sp);
         if (g.rank() == 0) {
           std::vector<at::Tensor> v = {view};
           c10d::BroadcastOptions b;
           b.rootRank = root_leader_index;
           leaders->broadcast(v, b)->wait();
         }
-        if (!root_host) g.broadcast(p, n, 0);
+        if (!root_host) g.broadcast(p, n, 0, sp);
       });
     }
+    std::optional<comm::SharedBuffer> shared = shared_buffer(t);
     return enqueue(OpType::BROADCAST, op, {t}, {t},
-                   Op{op, false, {}, [=](comm::ShmGroup& g) { g.broadcast(p, n, root); },
-                      sync_inline(opts.asyncOp, n)});
+                   Op{op, false, {}, [=](comm::ShmGroup& g) {
+                        g.broadcast(p, n, root, shared ? &*shared : nullptr);
+                      }, sync_inline(opts.asyncOp, n)});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,

@@ -117,7 +117,9 @@ class ShmGroup {
   // ranks may differ in passing it (then all stage).
   void all_reduce(void* data, size_t count, DType dt, ReduceOp op, double factor = 1.0,
                   const SharedBuffer* shared = nullptr);
-  void broadcast(void* data, size_t bytes, int root);
+  // With every rank's data shared, a large broadcast between 2 ranks copies
+  // from the root's buffer directly (one copy instead of two).
+  void broadcast(void* data, size_t bytes, int root, const SharedBuffer* shared = nullptr);
   // The result lands in data on root only; other ranks' data is unchanged.
   void reduce(void* data, size_t count, DType dt, ReduceOp op, int root, double factor = 1.0);
   // outputs[r] receives rank r's `bytes` bytes of input (outputs[rank] may be input).
