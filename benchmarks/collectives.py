@@ -12,10 +12,11 @@ torch.axon.synchronize(), 20 times in a row for sizes up to 1 MiB (time / 20)
 and once above; the clock is rank 0's.  Reported: the median over --reps
 samples.
 
-Size is the nccl-tests convention: the whole buffer (all_reduce: the tensor;
-all_gather: the output; reduce_scatter: the input).  Bus bandwidth (GB/s,
-1e9) = size / time x 2(n-1)/n for all_reduce and x (n-1)/n for all_gather and
-reduce_scatter, so it compares across world sizes.  The physical reference is
+Size is the nccl-tests convention: the whole buffer (all_reduce, broadcast:
+the tensor; all_gather: the output; reduce_scatter: the input).  Bus bandwidth
+(GB/s, 1e9) = size / time x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather
+and reduce_scatter, and x 1 for broadcast (from rank 0), so it compares across
+world sizes.  The physical reference is
 the host's single-threaded memcpy bandwidth at the largest size (bytes copied
 per second), measured in the same run.
 
@@ -41,7 +42,7 @@ import _common as C  # noqa: E402
 sys.path.insert(0, str(C.REPO / "tests"))
 from dist_util import run_ranks  # noqa: E402
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
 def parse_size(s: str) -> int:
@@ -58,6 +59,8 @@ def fmt_size(n: int) -> str:
 
 
 def bus_factor(op: str, n: int) -> float:
+    if op == "broadcast":
+        return 1.0
     return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
 
@@ -87,7 +90,7 @@ def _rank_main(rank, world, ops, dtypes, sizes, reps_small, reps_large):
                 reps = reps_small if size <= (1 << 20) else reps_large
                 bufs = {}
                 for backend, device in (("axon", dev), ("gloo", torch.device("cpu"))):
-                    if op == "all_reduce":
+                    if op in ("all_reduce", "broadcast"):
                         bufs[backend] = (data(numel, dtype, device, rank),)
                     elif op == "all_gather":
                         bufs[backend] = (torch.empty(numel, dtype=dtype, device=device),
@@ -100,6 +103,8 @@ def _rank_main(rank, world, ops, dtypes, sizes, reps_small, reps_large):
                     b = bufs[backend]
                     if op == "all_reduce":
                         dist.all_reduce(b[0])
+                    elif op == "broadcast":
+                        dist.broadcast(b[0], src=0)
                     elif op == "all_gather":
                         dist.all_gather_into_tensor(b[0], b[1])
                     else:
