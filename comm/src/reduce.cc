@@ -181,7 +181,6 @@ void reduce_half(DType dt, ReduceOp op, void* out, const void* const* srcs, int 
   }
 }
 
-
 // Sums (SUM/AVG/PREMUL_SUM, the gradient reductions) of 2..8 sources, the
 // common case: 16 elements at a time, the accumulator in a register, the
 // sources summed in rank order in float32 (as the block loops above do, so
