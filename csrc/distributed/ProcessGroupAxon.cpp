@@ -391,6 +391,7 @@ class ProcessGroupAxon : public c10d::Backend {
       auto leaders = leaders_;
       at::Tensor view = cpu_view(t);
       size_t bytes = nbytes(t);
+      std::optional<comm::SharedBuffer> shared = shared_buffer(t);
       return enqueue(OpType::ALLREDUCE, op, {t}, {t}, [=](comm::ShmGroup& g) mutable {
         g.reduce(p, n, dt, local, 0);
         if (g.rank() == 0) {
@@ -401,7 +402,7 @@ class ProcessGroupAxon : public c10d::Backend {
             comm::reduce(dt, comm::ReduceOp::kPremulSum, p, &src, 1, n, factor);
           }
         }
-        g.broadcast(p, bytes, 0);
+        g.broadcast(p, bytes, 0, shared ? &*shared : nullptr);
       });
     }
     // Device memory is mappable by the peers: large all_reduces work on the
