@@ -262,6 +262,57 @@ def test_collectives_match_cpu(world):
 # ---------------------------------------------------------------- streams
 
 
+def _large_collectives(rank, world):
+    dist.init_process_group("axon", timeout=datetime.timedelta(seconds=60))
+    dev = torch.device("axon", rank)
+    from torch_axon import _C
+
+    # Large collectives take the direct shared-memory paths on either thread:
+    # the communication stream (async, or sync behind a busy stream) and the
+    # calling thread (sync with idle streams).  Every element differs along
+    # the tensor and across ranks, so a misplaced slice shows.
+    count = 1_300_007
+    base = torch.arange(count, dtype=torch.float32).remainder(1009)
+    inputs = [base + 1000.0 * r for r in range(world)]
+    want = sum(inputs)  # exact in float32: integers below 2^24
+    chunk = count // world
+    for mode in ("async", "busy", "idle"):
+        big = inputs[rank].to(dev)
+        bcast = inputs[rank].to(dev)
+        gathered = torch.empty(world * count, device=dev)
+        scattered = torch.empty(chunk, device=dev)
+        if mode == "busy":
+            _C._test_sleep_on_stream(rank, 50.0)
+        else:
+            torch.axon.synchronize()
+        works = [dist.all_reduce(big, async_op=mode == "async"),
+                 dist.all_gather_into_tensor(gathered, big, async_op=mode == "async"),
+                 dist.reduce_scatter_tensor(scattered, big[:chunk * world],
+                                            async_op=mode == "async"),
+                 dist.broadcast(bcast, src=world - 1, async_op=mode == "async")]
+        for w in works:
+            if w is not None:
+                w.wait()
+        assert torch.equal(big.cpu(), want), mode
+        assert torch.equal(gathered.cpu(), want.repeat(world)), mode
+        assert torch.equal(scattered.cpu(), want[rank * chunk:(rank + 1) * chunk] * world), mode
+        assert torch.equal(bcast.cpu(), inputs[world - 1]), mode
+
+    return True
+
+
+@pytest.mark.parametrize("inline_bytes", [None, "0"])
+def test_large_collectives_on_every_path(inline_bytes):
+    """Large all_reduce, all_gather_into_tensor, reduce_scatter_tensor and
+    broadcast (the direct shared-memory paths) against values computed on the CPU, async,
+    sync behind a busy stream and sync with idle streams; with
+    AXON_COMM_INLINE_BYTES=0 the idle-stream calls take the communication
+    stream too (by default 2 ranks on this 2-core machine run them on the
+    calling thread)."""
+    env = {} if inline_bytes is None else {"AXON_COMM_INLINE_BYTES": inline_bytes}
+    assert run_ranks(_large_collectives, 2, env=env) == [True, True]
+
+
 def _stream_semantics(rank, world):
     dist.init_process_group("axon", timeout=datetime.timedelta(seconds=60))
     dev = torch.device("axon", rank)
@@ -295,34 +346,6 @@ def _stream_semantics(rank, world):
     assert y.cpu().eq(world).all() and z_cpu.tolist() == [0, 2, 4, 6]
     if rank == 0:
         assert compute_wait < 0.25, f"compute waited {compute_wait:.3f} s for the collective"
-
-    # Large collectives take the direct shared-memory paths on either thread:
-    # the communication stream (async, or sync behind a busy stream) and the
-    # calling thread (sync with idle streams).  Every element differs along
-    # the tensor and across ranks, so a misplaced slice shows.
-    count = 1_300_007
-    base = torch.arange(count, dtype=torch.float32).remainder(1009)
-    inputs = [base + 1000.0 * r for r in range(world)]
-    want = sum(inputs)  # exact in float32: integers below 2^24
-    chunk = count // world
-    for mode in ("async", "busy", "idle"):
-        big = inputs[rank].to(dev)
-        gathered = torch.empty(world * count, device=dev)
-        scattered = torch.empty(chunk, device=dev)
-        if mode == "busy":
-            _C._test_sleep_on_stream(rank, 50.0)
-        else:
-            torch.axon.synchronize()
-        works = [dist.all_reduce(big, async_op=mode == "async"),
-                 dist.all_gather_into_tensor(gathered, big, async_op=mode == "async"),
-                 dist.reduce_scatter_tensor(scattered, big[:chunk * world],
-                                            async_op=mode == "async")]
-        for w in works:
-            if w is not None:
-                w.wait()
-        assert torch.equal(big.cpu(), want), mode
-        assert torch.equal(gathered.cpu(), want.repeat(world)), mode
-        assert torch.equal(scattered.cpu(), want[rank * chunk:(rank + 1) * chunk] * world), mode
 
     # The future: value is the output list, usable on the current stream.
     f = dist.all_reduce(torch.ones(3, device=dev), async_op=True).get_future()
