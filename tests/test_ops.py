@@ -722,6 +722,44 @@ def test_setitem_advanced(dtype, index_device):
         assert_same(xa, xc)
 
 
+# In-place indexing ops write into self, which may be a view of a larger tensor
+# (a static KV cache's layer): only the indexed slices change, and the rest of
+# the base (outside the view too) keeps its values.  index_copy_ is the cache
+# update of Transformers' StaticCache (keys.index_copy_(2, positions, new)).
+INPLACE_INDEXING = {
+    "index_copy_": lambda s, i, src: s.index_copy_(2, i, src),
+    "index_add_": lambda s, i, src: s.index_add_(2, i, src, alpha=-2),
+    "scatter_": lambda s, i, src: s.scatter_(2, i.view(1, 1, -1, 1).expand_as(src), src),
+    "scatter_add_": lambda s, i, src: s.scatter_add_(2, i.view(1, 1, -1, 1).expand_as(src), src),
+    "index_fill_": lambda s, i, src: s.index_fill_(2, i, -7.0),
+}
+
+
+@pytest.mark.parametrize("count", [2, 0])
+@pytest.mark.parametrize("view", ["whole", "strided"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("op", list(INPLACE_INDEXING))
+def test_inplace_indexing_into_views(op, dtype, view, count):
+    base = make((3, 4, 9, 5), dtype, seed=23)
+    src = make((3, 2, count, 5), dtype, seed=24)
+    i = torch.tensor([6, 1][:count], dtype=torch.long)
+
+    def run(b, s, j):
+        self_ = b[:, :2] if view == "whole" else b[:, 1::2, :, 1:].transpose(2, 3).transpose(2, 3)
+        if view == "strided":
+            s = s[..., :4]
+        out = INPLACE_INDEXING[op](self_, j, s)
+        assert out is self_
+        return b
+
+    bc, ba = base.clone(), base.axon()
+    expected = run(bc, src, i)
+    actual = run(ba, src.axon(), i.axon())
+    assert_same(actual, expected)
+    if count:
+        assert not torch.equal(expected, base)  # the op wrote something
+
+
 def test_index_ops_int_and_bool():
     x = make((4, 6), torch.int64, -9, 9, seed=21)
     i = torch.tensor([3, 1])

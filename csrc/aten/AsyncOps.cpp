@@ -403,7 +403,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "linalg_solve_triangular", "linalg_solve_triangular.out", "eye.out", "eye.m_out",
            "linspace.out", "logspace.out",
            "_index_put_impl_", "index_put_", "index_fill_.int_Scalar", "index_fill_.int_Tensor",
-           "index_copy.out", "masked_scatter_", "scatter_reduce.two_out", "scatter.reduce_out",
+           "masked_scatter_", "scatter_reduce.two_out", "scatter.reduce_out",
            "scatter.value_reduce_out",
            // reductions and norms
            "var.correction", "var.correction_out", "std.correction", "std.correction_out",

@@ -175,10 +175,38 @@ void add_elements(int64_t& n, const std::vector<V>& list) {
   for (const V& v : list) add_elements(n, v);
 }
 
+// Arguments that are the same device tensor (an in-place op's self and its
+// out=) get one host view, as they are one tensor on the CPU: kernels test
+// `out.is_same(self)` and otherwise first copy all of self into out
+// (index_copy_, index_add_, scatter_ ...: a static KV cache's update would copy
+// the whole cache).
+struct SameViews {
+  std::vector<std::pair<const DeviceView*, at::Tensor>> seen;
+  at::Tensor operator()(const DeviceView& v) {
+    if (!v.on_device) return v.view();
+    for (const auto& [p, t] : seen) {
+      if (p->data == v.data && p->offset == v.offset && p->sizes == v.sizes &&
+          p->strides == v.strides && p->dtype == v.dtype && p->conj == v.conj &&
+          p->neg == v.neg) {
+        return t;
+      }
+    }
+    at::Tensor t = v.view();
+    seen.emplace_back(&v, t);
+    return t;
+  }
+};
+inline at::Tensor host(const DeviceView& v, SameViews& same) { return same(v); }
+template <typename T>
+decltype(auto) host(const T& v, SameViews&) {
+  return host(v);
+}
+
 template <typename Fn, typename Tuple, size_t... I>
 void call_on_host(const Fn& fn, const Tuple& captured, std::index_sequence<I...>) {
   // Materialised first so that out= parameters (Tensor&) bind to lvalues.
-  auto views = std::make_tuple(host(std::get<I>(captured))...);
+  SameViews same;
+  auto views = std::make_tuple(host(std::get<I>(captured), same)...);
   fn(std::get<I>(views)...);
 }
 

@@ -86,6 +86,8 @@
 #include <ATen/ops/gt_meta.h>
 #include <ATen/ops/index_add_cpu_dispatch.h>
 #include <ATen/ops/index_add_meta.h>
+#include <ATen/ops/index_copy_cpu_dispatch.h>
+#include <ATen/ops/index_copy_meta.h>
 #include <ATen/ops/index_cpu_dispatch.h>
 #include <ATen/ops/index_meta.h>
 #include <ATen/ops/isin_cpu_dispatch.h>
@@ -659,6 +661,12 @@ DimMinMax);
           T& (*)(const T&, int64_t, const T&, const S&, T&));
   OUT("scatter_add.out", 1, scatter_add, scatter_add_outf);
   OUT("index_add.out", 1, index_add, index_add_outf);
+  // A static KV cache's update (Transformers: keys.index_copy_(2, positions, new)).
+  // Without these, index_copy_ takes ATen's composite path: an index_put into a
+  // copy of the whole cache and a copy back (2 x the cache per call).
+  OUT("index_copy.out", 1, index_copy, index_copy_outf);
+  FUNC("index_copy", 1, index_copy, T(const T&, int64_t, const T&, const T&), index_copy_outf);
+  INPLACE("index_copy_", index_copy, T&(T&, int64_t, const T&, const T&), index_copy_outf);
 
   // Functional and in-place overloads of the hottest ops, registered directly
   // so their meta function runs once.
