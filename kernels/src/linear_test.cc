@@ -43,10 +43,21 @@ TEST(LinearSmallM, MatchesReference) {
   }
 }
 
+// Long rows of `a` (more than fit the L1 panel together): the rows are split
+// into groups that each walk the weight in blocks.  Uneven groups (5 rows: 3 +
+// 2), one row per group (k = 7000), several blocks and a partial one.
+TEST(LinearSmallM, LongRowsInGroups) {
+  check(8, 300, 1500, true, 0);
+  check(5, 9, 1400, false, 2);
+  check(7, 50, 7000, true, 1);
+  check(2, 70, 4000, false, 0);
+}
+
 TEST(LinearSmallM, SplitOverThreads) {
   testing::ScopedBackend threads(true);
   check(3, 1000, 257, true, 1);
   check(8, 4097, 64, false, 0);
+  check(8, 333, 1408, true, 0);
 }
 
 TEST(LinearSmallM, EmptyIsNoOp) {
