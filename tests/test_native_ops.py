@@ -994,24 +994,49 @@ def test_checkpoint_recomputes_the_same_attention_dropout(use_reentrant):
 
 # ---------------------------------------------------------------- linear layers
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("rows", [1, 2, 5, 8, 9])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("layout", ["contiguous", "strided_rows", "contiguous_weight_t"])
-def test_linear_few_rows_matches_cpu(rows, bias, layout, no_fallback):
+def test_linear_few_rows_matches_cpu(rows, bias, layout, dtype, no_fallback):
     """F.linear / mm / addmm with up to 8 rows take kernels/linear (x @ W^T read at
-    memory speed); more rows, other layouts and dtypes take ATen's GEMM."""
+    memory speed; float32, bfloat16, float16); more rows and other layouts take
+    ATen's GEMM."""
     if layout == "strided_rows":  # row stride 40, unit column stride
-        x = make((rows, 40), torch.float32, seed=1)[:, :37]
+        x = make((rows, 40), dtype, seed=1)[:, :37]
     else:
-        x = make((rows, 37), torch.float32, seed=1)
-    w = make((53, 37), torch.float32, seed=2)
-    b = make((53,), torch.float32, seed=3) if bias else None
+        x = make((rows, 37), dtype, seed=1)
+    w = make((53, 37), dtype, seed=2)
+    b = make((53,), dtype, seed=3) if bias else None
     if layout == "contiguous_weight_t":  # mm(x, W) with W [K, N] row-major: the GEMM path
-        wt = make((37, 53), torch.float32, seed=4)
-        compare_fwd_bwd(lambda x, wt: x @ wt, [x, wt], torch.float32)
+        wt = make((37, 53), dtype, seed=4)
+        compare_fwd_bwd(lambda x, wt: x @ wt, [x, wt], dtype)
         return
     compare_fwd_bwd(lambda x, w, *b: F.linear(x, w, *b), [x, w] + ([b] if bias else []),
-                    torch.float32)
+                    dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linear_few_rows_long_rows_16bit_matches_cpu(dtype, no_fallback):
+    """Rows of 1408 (a down projection): 8 rows do not fit the kernel's L1 panel
+    together and go in two groups over blocks of the weight."""
+    x = make((8, 1408), dtype, -1, 1, seed=9)
+    w = make((300, 1408), dtype, -0.05, 0.05, seed=10)
+    b = make((300,), dtype, seed=11)
+    assert_same(F.linear(x.axon(), w.axon(), b.axon()), F.linear(x, w, b), dtype=dtype,
+                accum=True)
+
+
+@pytest.mark.parametrize("xdtype,wdtype", [(torch.bfloat16, torch.float32),
+                                           (torch.float32, torch.float16),
+                                           (torch.bfloat16, torch.float16)])
+def test_linear_few_rows_mixed_dtypes_raise_like_cpu(xdtype, wdtype):
+    x, w = make((2, 16), xdtype, seed=1), make((8, 16), wdtype, seed=2)
+    with pytest.raises(RuntimeError) as cpu_error:
+        F.linear(x, w)
+    with pytest.raises(RuntimeError) as axon_error:
+        F.linear(x.axon(), w.axon())
+    assert str(axon_error.value).split("\n")[0] == str(cpu_error.value).split("\n")[0]
 
 
 def test_linear_decode_shape_in_a_model_matches_cpu(no_fallback):
@@ -1021,47 +1046,49 @@ def test_linear_decode_shape_in_a_model_matches_cpu(no_fallback):
     assert_same(lin_a(x.axon()), lin(x), accum=True)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_large_weight_on_all_threads_matches_cpu(rows, bias, no_fallback):
-    """A weight of 16 MiB or more (an output projection) is split over the
+def test_linear_large_weight_on_all_threads_matches_cpu(rows, bias, dtype, no_fallback):
+    """A weight of 4M elements or more (an output projection) is split over the
     device's whole thread team; the columns the threads share out must all be
     written, once."""
     k, n = 512, 8195  # 4.2M elements; odd n: the split has a ragged end
-    x = make((rows, k), torch.float32, seed=6)
-    w = make((n, k), torch.float32, seed=7)
-    b = make((n,), torch.float32, seed=8) if bias else None
+    x = make((rows, k), dtype, -1, 1, seed=6)
+    w = make((n, k), dtype, -0.1, 0.1, seed=7)
+    b = make((n,), dtype, seed=8) if bias else None
     got = F.linear(x.axon(), w.axon(), None if b is None else b.axon())
-    assert_same(got, F.linear(x, w, b), accum=True)
+    assert_same(got, F.linear(x, w, b), dtype=dtype, accum=True)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("out_kind", ["exact", "strided_rows", "wrong_shape", "aliases_input"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_few_rows_out_variant_matches_cpu(out_kind, bias, no_fallback):
+def test_linear_few_rows_out_variant_matches_cpu(out_kind, bias, dtype, no_fallback):
     """mm.out / addmm.out (what torch.compile's generated code calls) take the
-    few-rows kernel when out is a fresh float buffer of the right shape; else
-    ATen's out= path (resize, overlap rules)."""
-    x = make((4, 37), torch.float32, seed=1)
-    w = make((53, 37), torch.float32, seed=2)
-    b = make((53,), torch.float32, seed=3)
+    few-rows kernel when out is a fresh buffer of the operands' dtype and the
+    right shape; else ATen's out= path (resize, overlap rules)."""
+    x = make((4, 37), dtype, seed=1)
+    w = make((53, 37), dtype, seed=2)
+    b = make((53,), dtype, seed=3)
 
     def run(device):
         xd, wd, bd = x.to(device), w.to(device), b.to(device)
         if out_kind == "exact":
-            out = torch.full((4, 53), 7.0, device=device)
+            out = torch.full((4, 53), 7.0, device=device, dtype=dtype)
         elif out_kind == "strided_rows":
-            out = torch.full((4, 60), 7.0, device=device)[:, :53]
+            out = torch.full((4, 60), 7.0, device=device, dtype=dtype)[:, :53]
         elif out_kind == "wrong_shape":
-            out = torch.empty(0, device=device)
+            out = torch.empty(0, device=device, dtype=dtype)
         else:  # out shares memory with x (a [4, 53] view of a bigger buffer)
-            xd = torch.cat([xd, torch.zeros(4, 16, device=device)], 1)[:, :37]
+            xd = torch.cat([xd, torch.zeros(4, 16, device=device, dtype=dtype)], 1)[:, :37]
             out = xd.as_strided((4, 53), (53, 1))
         result = torch.addmm(bd, xd, wd.t(), out=out) if bias else torch.mm(xd, wd.t(), out=out)
         assert result.data_ptr() == out.data_ptr()
         return out
 
     expected = run("cpu")
-    assert_same(run("axon"), expected, accum=True)
+    assert_same(run("axon"), expected, dtype=dtype, accum=True)
 
 
 # ---------------------------------------------------------------- review regressions

@@ -407,8 +407,9 @@ using OptT = std::optional<at::Tensor>;
 // ------------------------------------------------------------ linear layers
 
 // mm / addmm of a few rows by a transposed weight (x @ W^T, what F.linear
-// gives for decoding): kernels/linear.h, which reads the weight at memory
-// speed.  Everything else: ATen's kernel (MKL).
+// gives for decoding), float32, bfloat16 or float16: kernels/linear.h, which
+// reads the weight at memory speed.  Everything else: ATen's kernel (MKL,
+// oneDNN).
 struct MmName {
   static const char* value() { return "aten::mm"; }
 };
@@ -416,9 +417,22 @@ struct AddmmName {
   static const char* value() { return "aten::addmm"; }
 };
 
+std::optional<::axon::kernels::DType> small_linear_dtype(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return ::axon::kernels::DType::kFloat32;
+    case at::kBFloat16:
+      return ::axon::kernels::DType::kBFloat16;
+    case at::kHalf:
+      return ::axon::kernels::DType::kFloat16;
+    default:
+      return std::nullopt;
+  }
+}
+
 bool small_linear(const at::Tensor& a, const at::Tensor& b) {
-  return a.dim() == 2 && b.dim() == 2 && a.scalar_type() == at::kFloat &&
-         b.scalar_type() == at::kFloat && a.device() == b.device() &&
+  return a.dim() == 2 && b.dim() == 2 && small_linear_dtype(a.scalar_type()).has_value() &&
+         b.scalar_type() == a.scalar_type() && a.device() == b.device() &&
          a.device().type() == kAxon && a.size(0) >= 1 &&
          a.size(0) <= ::axon::kernels::kLinearMaxRows && a.size(1) == b.size(0) &&
          a.size(1) > 0 && b.size(1) > 0 && a.stride(1) == 1 &&
@@ -428,13 +442,14 @@ bool small_linear(const at::Tensor& a, const at::Tensor& b) {
 
 constexpr int64_t kParallelLinearElements = int64_t{4} << 20;
 
-void launch_small_linear_into(const at::Tensor& a, const at::Tensor& b, const float* bias,
+void launch_small_linear_into(const at::Tensor& a, const at::Tensor& b, const void* bias,
                               at::Tensor& out, const char* name) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   launch(a.device().index(), name,
-         [=, ap = a.const_data_ptr<float>(), lda = a.stride(0), wp = b.const_data_ptr<float>(),
-          ldw = b.stride(1), op = out.data_ptr<float>(), ldo = out.stride(0)] {
-           ::axon::kernels::linear_small_m(m, n, k, ap, lda, wp, ldw, bias, op, ldo);
+         [=, dt = *small_linear_dtype(a.scalar_type()), ap = a.const_data_ptr(),
+          lda = a.stride(0), wp = b.const_data_ptr(), ldw = b.stride(1), op = out.data_ptr(),
+          ldo = out.stride(0)] {
+           ::axon::kernels::linear_small_m(dt, m, n, k, ap, lda, wp, ldw, bias, op, ldo);
          },
          // Memory-bound: one thread reads the weight at ~30 GB/s here and
          // leaves the other core to the host dispatching the next ops.  A
@@ -446,19 +461,19 @@ void launch_small_linear_into(const at::Tensor& a, const at::Tensor& b, const fl
          /*threads=*/n * k >= kParallelLinearElements ? 0 : 1);
 }
 
-at::Tensor launch_small_linear(const at::Tensor& a, const at::Tensor& b, const float* bias,
+at::Tensor launch_small_linear(const at::Tensor& a, const at::Tensor& b, const void* bias,
                                const char* name) {
-  at::Tensor out = emptyDevice({a.size(0), b.size(1)}, {b.size(1), 1}, at::kFloat,
+  at::Tensor out = emptyDevice({a.size(0), b.size(1)}, {b.size(1), 1}, a.scalar_type(),
                                a.device().index());
   launch_small_linear_into(a, b, bias, out, name);
   return out;
 }
 
-// An out= result the small-M kernel can write as is: float rows of the right
-// shape, unit column stride, sharing no memory with the operands (otherwise
-// ATen's out= path: resize, overlap checks, MKL).
+// An out= result the small-M kernel can write as is: rows of a's dtype and the
+// right shape, unit column stride, sharing no memory with the operands
+// (otherwise ATen's out= path: resize, overlap checks, MKL).
 bool small_linear_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
-  return out.scalar_type() == at::kFloat && out.device() == a.device() && out.dim() == 2 &&
+  return out.scalar_type() == a.scalar_type() && out.device() == a.device() && out.dim() == 2 &&
          out.size(0) == a.size(0) && out.size(1) == b.size(1) && out.stride(1) == 1 &&
          (out.size(0) == 1 || out.stride(0) >= out.size(1)) && !out.is_alias_of(a) &&
          !out.is_alias_of(b);
@@ -476,13 +491,13 @@ at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& 
                  const at::Scalar& beta, const at::Scalar& alpha) {
   const bool plain = !beta.isComplex() && !alpha.isComplex() && beta.toDouble() == 1.0 &&
                      alpha.toDouble() == 1.0;
-  if (!plain || !small_linear(a, b) || bias.dim() != 1 || bias.scalar_type() != at::kFloat ||
+  if (!plain || !small_linear(a, b) || bias.dim() != 1 || bias.scalar_type() != a.scalar_type() ||
       bias.device() != a.device() || bias.size(0) != b.size(1) || bias.stride(0) != 1) {
     return Functional<at::meta::structured_addmm, 1, AddmmName,
                       T(const T&, const T&, const T&, const S&, const S&),
                       &at::cpu::addmm_outf>::run(bias, a, b, beta, alpha);
   }
-  return launch_small_linear(a, b, bias.const_data_ptr<float>(), AddmmName::value());
+  return launch_small_linear(a, b, bias.const_data_ptr(), AddmmName::value());
 }
 
 // out= forms (what torch.compile's generated code calls: extern_kernels.mm(a, b, out=buf)).
@@ -499,9 +514,9 @@ at::Tensor& addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Ten
   const bool plain = !beta.isComplex() && !alpha.isComplex() && beta.toDouble() == 1.0 &&
                      alpha.toDouble() == 1.0;
   if (plain && small_linear(a, b) && small_linear_out(a, b, out) && bias.dim() == 1 &&
-      bias.scalar_type() == at::kFloat && bias.device() == a.device() &&
+      bias.scalar_type() == a.scalar_type() && bias.device() == a.device() &&
       bias.size(0) == b.size(1) && bias.stride(0) == 1 && !out.is_alias_of(bias)) {
-    launch_small_linear_into(a, b, bias.const_data_ptr<float>(), out, AddmmName::value());
+    launch_small_linear_into(a, b, bias.const_data_ptr(), out, AddmmName::value());
     return out;
   }
   return Structured<at::meta::structured_addmm, 1, AddmmName, &at::cpu::addmm_outf>::run(

@@ -1,9 +1,11 @@
 // linear_small_m at decoding sizes, single thread: time per call and the rate
 // the weights are read at (the bound: memory bandwidth), with the weights in
 // cache (one matrix, called again and again) and from memory (as decoding
-// reads them: 64 matrices in turn, 92-1050 MB, beyond any cache).  Buffers are
-// 64-byte aligned, as device memory is.
+// reads them: 64 matrices in turn, 46-1050 MB, beyond any cache), in float32,
+// bfloat16 and float16.  Buffers are 64-byte aligned, as device memory is.
 #include <cstdio>
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 
@@ -26,20 +28,33 @@ std::unique_ptr<float[], Free> aligned(int64_t n, float value) {
 }  // namespace
 
 int main() {
-  for (auto [n, k] : {std::pair<int64_t, int64_t>{1408, 512}, {512, 1408}, {32000, 512}}) {
-    for (int64_t m : {1, 8}) {
-      for (int64_t copies : {int64_t{1}, int64_t{64}}) {
-        auto a = aligned(m * k, 0.5f), w = aligned(copies * n * k, 0.25f), out = aligned(m * n, 0);
-        char name[96];
-        std::snprintf(name, sizeof name, "linear_small_m m=%ld n=%ld k=%ld %s", long(m), long(n),
-                      long(k), copies == 1 ? "cached" : "memory");
-        int64_t next = 0;
-        bench::report(name, bench::seconds_per_call([&] {
-                        linear_small_m(m, n, k, a.get(), k, w.get() + next * n * k, k, nullptr,
-                                       out.get(), n);
-                        next = (next + 1) % copies;
-                      }),
-                      double(n * k * sizeof(float)), 2.0 * double(m * n * k));
+  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    const int64_t size = int64_t(dtype_size(dt));
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{1408, 512}, {512, 1408}, {32000, 512}}) {
+      for (int64_t m : {1, 8}) {
+        for (int64_t copies : {int64_t{1}, int64_t{64}}) {
+          // 0x3e80: 0.25 in bf16, 1.625 in f16; any finite value does.
+          auto a = aligned(m * k, 0), w = aligned(copies * n * k, 0), out = aligned(m * n, 0);
+          if (dt == DType::kFloat32) {
+            std::fill_n(a.get(), m * k, 0.5f);
+            std::fill_n(w.get(), copies * n * k, 0.25f);
+          } else {
+            std::fill_n(reinterpret_cast<uint16_t*>(a.get()), m * k, uint16_t{0x3e80});
+            std::fill_n(reinterpret_cast<uint16_t*>(w.get()), copies * n * k, uint16_t{0x3e80});
+          }
+          char name[96];
+          std::snprintf(name, sizeof name, "linear %s m=%ld n=%ld k=%ld %s",
+                        bench::dtype_name(dt), long(m), long(n), long(k),
+                        copies == 1 ? "cached" : "memory");
+          int64_t next = 0;
+          const auto* wb = reinterpret_cast<const char*>(w.get());
+          bench::report(name, bench::seconds_per_call([&] {
+                          linear_small_m(dt, m, n, k, a.get(), k, wb + next * n * k * size, k,
+                                         nullptr, out.get(), n);
+                          next = (next + 1) % copies;
+                        }),
+                        double(n * k * size), 2.0 * double(m * n * k));
+        }
       }
     }
   }

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "axon/kernels/dtype.h"
+
 namespace axon::kernels {
 
 // Rows of `a` a call handles (more rows: use a GEMM).
@@ -16,5 +18,11 @@ constexpr int64_t kLinearMaxRows = 8;
 // 1 <= m <= kLinearMaxRows.
 void linear_small_m(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                     const float* w, int64_t ldw, const float* bias, float* out, int64_t ldo);
+
+// The same in any DType: a, w, bias (or nullptr) and out all of type dt (strides
+// in elements).  bfloat16 / float16 accumulate in float32 and round each output
+// (plus bias) once.
+void linear_small_m(DType dt, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+                    const void* w, int64_t ldw, const void* bias, void* out, int64_t ldo);
 
 }  // namespace axon::kernels
