@@ -112,6 +112,11 @@ SDPA_CASES = {
     "decode_one_query": ((2, 4, 2, 1, 19, 16, 16), dict(enable_gqa=True)),
     "large_logits": ((1, 2, 2, 33, 33, 64, 64), dict(range=4.0)),
     "bool_mask_padding": ((3, 2, 2, 4, 6, 8, 8), dict(attn_mask="bool_b11s")),
+    # Decoding with a static KV cache: whole tiles of unused positions hidden
+    # (the kernel skips them), one batch row seeing only 3 keys, one a hole.
+    "static_cache_decode": ((3, 4, 2, 2, 260, 16, 16), dict(attn_mask="bool_static_cache",
+                                                          enable_gqa=True)),
+    "static_cache_decode_add": ((2, 4, 4, 1, 200, 16, 16), dict(attn_mask="add_static_cache")),
     "float32_mask": ((2, 2, 2, 4, 6, 8, 8), dict(attn_mask="add_f32")),
     "kv_cache_slice": ((2, 2, 2, 3, 5, 8, 8), dict(layout="kv_cache")),
     "expanded_kv": ((2, 4, 4, 3, 5, 8, 8), dict(layout="expanded_kv")),
@@ -148,7 +153,15 @@ def sdpa_inputs(case, dtype):
     mask_kind = kw.pop("attn_mask", None)
     if mask_kind is not None:
         g = torch.Generator().manual_seed(4)
-        if mask_kind.startswith("bool"):
+        if mask_kind.endswith("static_cache"):
+            seen = torch.zeros(B, 1, 1, S, dtype=torch.bool)
+            seen[0, ..., :70] = True
+            seen[0, ..., 140:150] = True
+            seen[1, ..., :3] = True
+            seen[2:, ..., :S // 2] = True
+            mask = seen if mask_kind.startswith("bool") else \
+                torch.zeros(B, 1, 1, S, dtype=dtype).masked_fill(~seen, float("-inf"))
+        elif mask_kind.startswith("bool"):
             shape = {"bool4d": (B, Hq, L, S), "bool_b11s": (B, 1, 1, S)}.get(mask_kind, (L, S))
             mask = torch.rand(shape, generator=g) < 0.6
             mask[..., 0] = True  # every row attends somewhere ...
@@ -1039,6 +1052,32 @@ def test_linear_few_rows_mixed_dtypes_raise_like_cpu(xdtype, wdtype):
     assert str(axon_error.value).split("\n")[0] == str(cpu_error.value).split("\n")[0]
 
 
+@pytest.mark.parametrize("case", ["bias_float32", "out_float32", "out_bfloat16_for_half"])
+def test_linear_few_rows_other_bias_or_out_dtype_like_cpu(case):
+    """A bias or out= of another dtype than the 16-bit operands is not the
+    few-rows kernel's: ATen's addmm/mm decide (result or error), as on the CPU."""
+    dt = torch.float16 if case == "out_bfloat16_for_half" else torch.bfloat16
+    x, w = make((3, 16), dt, seed=1), make((8, 16), dt, seed=2)
+    b = make((8,), torch.float32 if case == "bias_float32" else dt, seed=3)
+
+    def run(device):
+        xd, wd, bd = x.to(device), w.to(device), b.to(device)
+        if case == "bias_float32":
+            return torch.addmm(bd, xd, wd.t())
+        out = torch.zeros(3, 8, device=device,
+                          dtype=torch.float32 if case == "out_float32" else torch.bfloat16)
+        return torch.mm(xd, wd.t(), out=out)
+
+    try:
+        expected = run("cpu")
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError) as axon_error:
+            run("axon")
+        assert str(axon_error.value).split("\n")[0] == str(e).split("\n")[0]
+        return
+    assert_same(run("axon"), expected, dtype=dt, accum=True)
+
+
 def test_linear_decode_shape_in_a_model_matches_cpu(no_fallback):
     lin = torch.nn.Linear(64, 300)
     x = make((3, 1, 64), torch.float32, seed=5)
@@ -1068,6 +1107,11 @@ def test_linear_few_rows_out_variant_matches_cpu(out_kind, bias, dtype, no_fallb
     """mm.out / addmm.out (what torch.compile's generated code calls) take the
     few-rows kernel when out is a fresh buffer of the operands' dtype and the
     right shape; else ATen's out= path (resize, overlap rules)."""
+    if out_kind == "aliases_input" and dtype != torch.float32:
+        # An out= overlapping its input gives whatever the kernel's order gives:
+        # ATen's float32 GEMM packs its inputs first; its 16-bit kernels do not,
+        # and 20 runs of the same call on the CPU alone give different results.
+        pytest.skip("out= overlapping the input: undefined in bf16/fp16, on the CPU too")
     x = make((4, 37), dtype, seed=1)
     w = make((53, 37), dtype, seed=2)
     b = make((53,), dtype, seed=3)

@@ -760,6 +760,25 @@ def test_inplace_indexing_into_views(op, dtype, view, count):
         assert not torch.equal(expected, base)  # the op wrote something
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_index_copy_out_variants(dtype):
+    """index_copy(out=): an empty out is resized, out=self works in place, and a
+    wrong dtype raises as on the CPU."""
+    x = make((4, 6), dtype, seed=25)
+    src = make((4, 2), dtype, seed=26)
+    i = torch.tensor([5, 0])
+    for make_out in (lambda t: torch.empty(0, dtype=dtype, device=t.device), lambda t: t):
+        xc, xa = x.clone(), x.axon()
+        oc, oa = make_out(xc), make_out(xa)
+        rc = torch.index_copy(xc, 1, i, src, out=oc)
+        ra = torch.index_copy(xa, 1, i.axon(), src.axon(), out=oa)
+        assert ra is oa and rc is oc
+        assert_same(oa, oc)
+        assert_same(xa, xc)
+    compare(lambda t, j, s: torch.index_copy(t, 1, j, s, out=torch.empty(0, dtype=torch.int64, device=t.device)),
+            [x, i, src], [x.axon(), i.axon(), src.axon()])
+
+
 def test_index_ops_int_and_bool():
     x = make((4, 6), torch.int64, -9, 9, seed=21)
     i = torch.tensor([3, 1])

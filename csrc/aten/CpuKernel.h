@@ -181,13 +181,14 @@ void add_elements(int64_t& n, const std::vector<V>& list) {
 // (index_copy_, index_add_, scatter_ ...: a static KV cache's update would copy
 // the whole cache).
 struct SameViews {
-  std::vector<std::pair<const DeviceView*, at::Tensor>> seen;
+  c10::SmallVector<std::pair<const DeviceView*, at::Tensor>, 6> seen;
   at::Tensor operator()(const DeviceView& v) {
-    if (!v.on_device) return v.view();
+    // (Empty storages are not merged: unrelated empty outputs share no memory.)
+    if (!v.on_device || v.data == nullptr || v.nbytes == 0) return v.view();
     for (const auto& [p, t] : seen) {
-      if (p->data == v.data && p->offset == v.offset && p->sizes == v.sizes &&
-          p->strides == v.strides && p->dtype == v.dtype && p->conj == v.conj &&
-          p->neg == v.neg) {
+      if (p->data == v.data && p->nbytes == v.nbytes && p->offset == v.offset &&
+          p->sizes == v.sizes && p->strides == v.strides && p->dtype == v.dtype &&
+          p->conj == v.conj && p->neg == v.neg) {
         return t;
       }
     }

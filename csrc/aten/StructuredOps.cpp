@@ -453,8 +453,9 @@ void launch_small_linear_into(const at::Tensor& a, const at::Tensor& b, const vo
          },
          // Memory-bound: one thread reads the weight at ~30 GB/s here and
          // leaves the other core to the host dispatching the next ops.  A
-         // weight of 16 MiB or more (an output projection: 0.5 ms and up)
-         // is worth waking the team for: two threads read ~60 GB/s, and the
+         // weight of 4M elements or more (16 MiB in float32, 8 MiB in 16-bit
+         // types; an output projection: 0.5 ms and up) is worth waking the
+         // team for: two threads read ~60 GB/s, and the
          // host has nothing left to dispatch for that long (decode step of a
          // 56M Llama, 65 MB lm_head: eager 9.0 -> 8.3 ms, compiled 7.3 -> 6.3
          // ms; every linear on the team was slower, 9.7 / 8.0 ms).

@@ -8,8 +8,8 @@
 //   S += mask, -inf where hidden (causal, bool mask, padding)
 //   online softmax: m' = max(m, rowmax S), P = exp(S - m'), l = l e^(m - m') + rowsum P,
 //   O = O e^(m - m') + dropout(P) V
-// and finally out = O / l, lse = m + log l. Tiles of keys that causal masking hides
-// from every row of the task are skipped. Only the kBlockQ x kBlockK score tile
+// and finally out = O / l, lse = m + log l. Tiles of keys that causal masking or the
+// mask (all false, all -inf) hides from every row of the task are skipped. Only the kBlockQ x kBlockK score tile
 // exists at any time.
 #include <algorithm>
 #include <cmath>
@@ -116,6 +116,16 @@ AXON_INLINE void attend(const Forward& f, Scratch& w, const Task& t, int64_t j_b
   const int64_t D = g.shape.head_dim, Dv = g.shape.v_head_dim;
   for (int64_t j0 = j_begin; j0 < j_end; j0 += kBlockK) {
     const int64_t bk = std::min(kBlockK, j_end - j0);
+    // A tile the mask hides from every row (a static KV cache's unused
+    // positions, left padding) changes nothing: its probabilities are all 0.
+    // (Its scores are not computed: a NaN in K or V there is not propagated.)
+    if (f.score.mask.kind != MaskKind::kNone) {
+      bool hidden = true;
+      for (int64_t r = 0; hidden && r < t.nr; ++r) {
+        hidden = f.score.hides(t.b, g.head(t.kvh, t.r0 + r), g.query(t.r0 + r), j0, bk);
+      }
+      if (hidden) continue;
+    }
     // K and V rows: read in place when they are float32 rows of whole vectors, else
     // converted into the tiles.
     const float* k = w.k.row(0);

@@ -281,6 +281,34 @@ struct ScoreMask {
     }
   }
 
+  // True when the mask hides every key of [j0, j0 + n) from query i (q head h):
+  // a boolean mask all false, an additive one all -inf (PyTorch's
+  // scaled_dot_product_attention turns a boolean mask into that before a
+  // fused kernel sees it).
+  AXON_INLINE bool hides(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n) const {
+    if (mask.kind == MaskKind::kNone) return false;
+    const Strides4& ms = mask.strides;
+    const int64_t base = b * ms.s[0] + h * ms.s[1] + i * ms.s[2] + j0 * ms.s[3];
+    if (mask.kind == MaskKind::kBool) {
+      const uint8_t* keep = static_cast<const uint8_t*>(mask.data) + base;
+      for (int64_t j = 0; j < n; ++j)
+        if (keep[j * ms.s[3]] != 0) return false;
+      return true;
+    }
+    if (mask.dt == DType::kFloat32) {
+      const float* add = static_cast<const float*>(mask.data) + base;
+      for (int64_t j = 0; j < n; ++j)
+        if (!(add[j * ms.s[3]] == kNegInf)) return false;
+      return true;
+    }
+    // bfloat16 / float16 -inf
+    const uint16_t neg_inf = mask.dt == DType::kBFloat16 ? 0xff80 : 0xfc00;
+    const uint16_t* add = static_cast<const uint16_t*>(mask.data) + base;
+    for (int64_t j = 0; j < n; ++j)
+      if (add[j * ms.s[3]] != neg_inf) return false;
+    return true;
+  }
+
   // p[0, n) *= dropout factors of (b, h, i, j0 + j).
   AXON_INLINE void drop(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, float* p) const {
     const uint64_t index = uint64_t(((b * shape.q_heads + h) * shape.q_len + i) * shape.kv_len + j0);

@@ -59,7 +59,11 @@ struct Tensor {
   Buffer buf;
 };
 
-enum class Mask { kNone, kAdditiveBroadcast, kAdditivePerHead, kBool };
+// kBoolRuns: a static KV cache's mask, whole tiles of keys hidden from every query
+// (batch 0 sees keys [0, 70) and [200, 210), batch 1 keys [0, 3)).
+// kAdditiveRuns: the same as an additive mask of 0 and -inf, as PyTorch's
+// scaled_dot_product_attention passes a boolean mask to a fused kernel.
+enum class Mask { kNone, kAdditiveBroadcast, kAdditivePerHead, kBool, kBoolRuns, kAdditiveRuns };
 
 struct Case {
   AttentionShape shape;
@@ -108,6 +112,21 @@ struct Problem {
       if (s.q_len > 1)
         for (int64_t j = 0; j < s.kv_len; ++j) keep[s.kv_len + j] = 0;
       mask = {MaskKind::kBool, DType::kFloat32, keep.data(), mask_strides};
+    } else if (c.mask == Mask::kBoolRuns || c.mask == Mask::kAdditiveRuns) {
+      keep.resize(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t b = i / (mh * s.q_len * s.kv_len), j = i % s.kv_len;
+        keep[i] = b == 0 ? (j < 70 || (j >= 200 && j < 210)) : j < 3;
+      }
+      if (c.mask == Mask::kBoolRuns) {
+        mask = {MaskKind::kBool, DType::kFloat32, keep.data(), mask_strides};
+      } else {
+        std::vector<float> values(n);
+        for (int64_t i = 0; i < n; ++i) values[i] = keep[i] ? 0.0f : -kInf;
+        mask_values = Buffer(dt, values);
+        additive = mask_values.floats();
+        mask = {MaskKind::kAdditive, dt, mask_values.data(), mask_strides};
+      }
     } else if (c.mask != Mask::kNone) {
       std::vector<float> values = rounded(dt, random_floats(n, 15, -2, 2));
       values[n / 2] = -kInf;
@@ -123,6 +142,7 @@ struct Problem {
       case Mask::kNone:
         return 0;
       case Mask::kBool:
+      case Mask::kBoolRuns:
         return keep[idx] ? 0 : -INFINITY;
       default:
         return additive[idx];
@@ -229,6 +249,10 @@ const std::vector<Case>& cases() {
       {{2, 2, 1, 9, 70, 8, 8}, true, Mask::kBool, Layout::kContiguous, 0},
       {{1, 4, 2, 12, 15, 8, 8}, false, Mask::kNone, Layout::kContiguous, 0.3},
       {{1, 2, 2, 5, 70, 8, 8}, true, Mask::kBool, Layout::kSeqMajor, 0.5},
+      // Static-cache masks: tiles no query of a task sees are skipped.
+      {{2, 4, 2, 1, 260, 16, 16}, false, Mask::kBoolRuns, Layout::kContiguous, 0},
+      {{2, 2, 2, 3, 260, 8, 8}, true, Mask::kBoolRuns, Layout::kSeqMajor, 0.3},
+      {{2, 4, 2, 1, 260, 16, 16}, false, Mask::kAdditiveRuns, Layout::kContiguous, 0},
       // Few groups, many keys: the forward splits the keys.
       {{1, 1, 1, 2, 600, 8, 8}, false, Mask::kBool, Layout::kContiguous, 0},
       {{1, 2, 1, 3, 700, 16, 16}, true, Mask::kAdditivePerHead, Layout::kContiguous, 0.2},

@@ -15,7 +15,7 @@
 //     kBlockBytes: the first group reads a block from memory, the others from
 //     L2.  Measured on the Zen 5 CI machine, m = 8, n = 512, k = 1408, weights
 //     from DRAM: 330 us as one group of 8, 145 us as two groups of 4;
-//   - a software prefetch kPrefetchAhead floats ahead of the weight read keeps
+//   - a software prefetch kPrefetchBytes ahead of the weight read keeps
 //     enough memory reads in flight (the hardware prefetcher alone lost track
 //     of the weight stream next to the 8 rows of `a`: up to 15% slower).
 // Each output is the same sum in the same order whichever path computes it.
@@ -29,6 +29,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -36,6 +38,7 @@
 #endif
 
 #include "axon/kernels/parallel.h"
+#include "linear_isa.h"
 #include "simd.h"
 
 namespace axon::kernels {
@@ -46,15 +49,22 @@ using simd::VecAt;
 
 constexpr int64_t kPanelBytes = 24 * 1024;
 constexpr int64_t kBlockBytes = 192 * 1024;
-constexpr int64_t kPrefetchAhead = 2048;
+constexpr uintptr_t kPrefetchBytes = 8192;
+constexpr int kPrefetchLocality = 0;  // NTA: measured no worse than T0/T1 on Zen 5 (only)
+
+// Prefetches the weight kPrefetchBytes past p (an address, not a pointer into
+// the weights: past their end it only hints, and prefetches never fault).
+AXON_INLINE void prefetch_ahead(const void* p) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes),
+                     0, kPrefetchLocality);
+}
 
 template <int M>
 AXON_INLINE void dot_rows(int64_t k, const float* const* a, const float* w, float* result) {
   Vec acc[M] = {};
   int64_t i = 0;
   for (; i + simd::kLanes <= k; i += simd::kLanes) {
-    // Past the end of the weights this only hints: prefetches never fault.
-    __builtin_prefetch(w + i + kPrefetchAhead, 0, 0);
+    prefetch_ahead(w + i);
     const Vec wv = simd::load(w, VecAt{i});
     for (int r = 0; r < M; ++r) acc[r] += simd::load(a[r], VecAt{i}) * wv;
   }
@@ -107,7 +117,7 @@ AXON_INLINE void dot_rows16(int64_t k, const float* const* a, const uint16_t* w,
   Vec acc[M] = {};
   int64_t i = 0;
   for (; i + simd::kLanes <= k; i += simd::kLanes) {
-    __builtin_prefetch(w + i + 2 * kPrefetchAhead, 0, 0);  // the same 8 KB ahead
+    if ((i & simd::kLanes) == 0) prefetch_ahead(w + i);  // once per 64-byte line
     const Vec wv = L::vec(w + i);
     for (int r = 0; r < M; ++r) acc[r] += simd::load(a[r], VecAt{i}) * wv;
   }
@@ -232,15 +242,19 @@ constexpr Rows16Fn kRows16v3[kLinearMaxRows] = {
 #undef AXON_V3
 #endif
 
-// The builds for dt (bfloat16 or float16) this CPU runs best.
-const Rows16Fn* rows16_for(DType dt) {
+// The builds for dt (bfloat16 or float16) for `isa` (linear_isa.h; -1: the best
+// this CPU runs).
+const Rows16Fn* rows16_for(DType dt, int isa) {
 #ifdef AXON_X86_LINEAR16
-  static const int isa = [] {
+  static const int best = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("x86-64-v4") ? 4 : __builtin_cpu_supports("x86-64-v3") ? 3 : 0;
   }();
+  if (isa < 0) isa = best;
   if (isa == 4) return dt == DType::kBFloat16 ? kRows16v4<Bf16v4> : kRows16v4<F16v4>;
   if (isa == 3) return dt == DType::kBFloat16 ? kRows16v3<Bf16v3> : kRows16v3<F16v3>;
+#else
+  (void)isa;
 #endif
   return dt == DType::kBFloat16 ? kRows16<Bf16> : kRows16<F16>;
 }
@@ -269,11 +283,19 @@ void for_groups(int64_t m, int64_t n, int64_t k, int64_t w_row_bytes, const Run&
   });
 }
 
+void check_rows(int64_t m) {
+  if (m > kLinearMaxRows) {
+    throw std::invalid_argument("linear_small_m: " + std::to_string(m) + " rows, at most " +
+                                std::to_string(kLinearMaxRows));
+  }
+}
+
 }  // namespace
 
 void linear_small_m(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                     const float* w, int64_t ldw, const float* bias, float* out, int64_t ldo) {
   if (m <= 0 || n <= 0) return;
+  check_rows(m);
   for_groups(m, n, k, k * int64_t{sizeof(float)}, [&](int64_t rows, int64_t r0, int64_t j0,
                                                       int64_t j1) {
     kRows[rows - 1](j0, j1, k, a + r0 * lda, lda, w, ldw, bias, out + r0 * ldo, ldo);
@@ -282,17 +304,25 @@ void linear_small_m(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda
 
 void linear_small_m(DType dt, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
                     const void* w, int64_t ldw, const void* bias, void* out, int64_t ldo) {
+  linear_small_m_isa(-1, dt, m, n, k, a, lda, w, ldw, bias, out, ldo);
+}
+
+void linear_small_m_isa(int isa, DType dt, int64_t m, int64_t n, int64_t k, const void* a,
+                        int64_t lda, const void* w, int64_t ldw, const void* bias, void* out,
+                        int64_t ldo) {
   if (dt == DType::kFloat32) {
     linear_small_m(m, n, k, static_cast<const float*>(a), lda, static_cast<const float*>(w),
                    ldw, static_cast<const float*>(bias), static_cast<float*>(out), ldo);
     return;
   }
   if (m <= 0 || n <= 0) return;
+  check_rows(m);
   // The rows of `a` in float32: converted once, read for every weight row.
-  // Each row starts on a cache line (a vector load across two lines costs
-  // twice: 8 rows x 512 from 113 to 80 us with the weights in cache).
+  // Each row starts on a cache line.  The panel is the calling thread's,
+  // kept between calls (it only grows).
   const int64_t ldf = (k + 15) / 16 * 16;
-  std::vector<float> panel(static_cast<size_t>(m * ldf + 15));
+  thread_local std::vector<float> panel;
+  if (panel.size() < static_cast<size_t>(m * ldf + 15)) panel.resize(m * ldf + 15);
   float* af = panel.data() + ((64 - reinterpret_cast<uintptr_t>(panel.data()) % 64) % 64) / 4;
   for (int64_t r = 0; r < m; ++r) {
     convert_to_float(dt, static_cast<const uint16_t*>(a) + r * lda, k, af + r * ldf);
@@ -300,7 +330,7 @@ void linear_small_m(DType dt, int64_t m, int64_t n, int64_t k, const void* a, in
   const auto* wp = static_cast<const uint16_t*>(w);
   const auto* bp = static_cast<const uint16_t*>(bias);
   auto* op = static_cast<uint16_t*>(out);
-  const Rows16Fn* fns = rows16_for(dt);
+  const Rows16Fn* fns = rows16_for(dt, isa);
   for_groups(m, n, k, k * int64_t{sizeof(uint16_t)}, [&](int64_t rows, int64_t r0, int64_t j0,
                                                          int64_t j1) {
     fns[rows - 1](j0, j1, k, af + r0 * ldf, ldf, wp, ldw, bp, op + r0 * ldo, ldo);

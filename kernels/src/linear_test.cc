@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
+#include "linear_isa.h"
 #include "test_util.h"
 
 namespace axon::kernels {
@@ -64,15 +66,16 @@ TEST(LinearSmallM, SplitOverThreads) {
 // the exact sum of the stored (rounded) inputs, and the kernel rounds its
 // float32 sum once, so the error is half a unit in the last place of the
 // type plus float32 accumulation.
-void check16(DType dt, int64_t m, int64_t n, int64_t k, bool with_bias, int64_t pad) {
+void check16(DType dt, int64_t m, int64_t n, int64_t k, bool with_bias, int64_t pad,
+             int isa = -1) {
   const int64_t lda = k + pad, ldw = k + pad, ldo = n + pad;
   const auto av = testing::rounded(dt, testing::random_floats(m * lda, uint32_t(m * 7 + k)));
   const auto wv = testing::rounded(dt, testing::random_floats(n * ldw, uint32_t(n * 3 + k)));
   const auto bv = testing::rounded(dt, testing::random_floats(n, uint32_t(n)));
   testing::Buffer a(dt, av), w(dt, wv), bias(dt, bv);
   testing::Buffer out(dt, std::vector<float>(m * ldo, -7.0f));
-  linear_small_m(dt, m, n, k, a.data(), lda, w.data(), ldw, with_bias ? bias.data() : nullptr,
-                 out.data(), ldo);
+  linear_small_m_isa(isa, dt, m, n, k, a.data(), lda, w.data(), ldw,
+                     with_bias ? bias.data() : nullptr, out.data(), ldo);
   const std::vector<float> got = out.floats();
   // Half a unit in the last place, relative: 2^-8 (bf16), 2^-11 (f16).
   const double ulp = dt == DType::kBFloat16 ? 1.0 / 256 : 1.0 / 2048;
@@ -85,7 +88,8 @@ void check16(DType dt, int64_t m, int64_t n, int64_t k, bool with_bias, int64_t 
         mag += std::abs(double(av[i * lda + t]) * wv[j * ldw + t]);
       }
       ASSERT_NEAR(got[i * ldo + j], ref, ulp * std::abs(ref) + 1e-6 * mag + 1e-30)
-          << testing::dtype_name(dt) << " m=" << m << " n=" << n << " k=" << k << " i=" << i
+          << testing::dtype_name(dt) << " isa=" << isa << " m=" << m << " n=" << n
+          << " k=" << k << " i=" << i
           << " j=" << j;
     }
     for (int64_t j = n; j < ldo; ++j) ASSERT_EQ(got[i * ldo + j], -7.0f) << "padding written";
@@ -103,6 +107,29 @@ TEST(LinearSmallM, SixteenBitTypesMatchReference) {
     testing::ScopedBackend threads(true);
     check16(dt, 8, 333, 1408, false, 1);
   }
+}
+
+// Every build of the 16-bit loops this CPU runs (AVX-512, AVX2, portable), not
+// only the one linear_small_m picks.
+TEST(LinearSmallM, SixteenBitBuildsForEachInstructionSet) {
+  std::vector<int> isas = {0};
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v3")) isas.push_back(3);
+  if (__builtin_cpu_supports("x86-64-v4")) isas.push_back(4);
+#endif
+  for (int isa : isas) {
+    for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+      for (int64_t m : {1, 3, 8}) check16(dt, m, 37, 100, m != 3, 1, isa);
+      check16(dt, 8, 20, 1500, true, 0, isa);
+    }
+  }
+}
+
+TEST(LinearSmallM, TooManyRowsThrow) {
+  float x = 0;
+  EXPECT_THROW(linear_small_m(kLinearMaxRows + 1, 1, 1, &x, 1, &x, 1, nullptr, &x, 1),
+               std::invalid_argument);
 }
 
 // The float32 overload with a DType is the float32 kernel.
