@@ -13,10 +13,10 @@ and once above; the clock is rank 0's.  Reported: the median over --reps
 samples.
 
 Size is the nccl-tests convention: the whole buffer (all_reduce, broadcast:
-the tensor; all_gather: the output; reduce_scatter: the input).  Bus bandwidth
-(GB/s, 1e9) = size / time x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather
-and reduce_scatter, and x 1 for broadcast (from rank 0), so it compares across
-world sizes.  The physical reference is
+the tensor; all_gather: the output; reduce_scatter and all_to_all (single,
+equal splits): the input).  Bus bandwidth (GB/s, 1e9) = size / time x 2(n-1)/n
+for all_reduce, x (n-1)/n for all_gather, reduce_scatter and all_to_all, and x 1
+for broadcast (from rank 0), so it compares across world sizes.  The physical reference is
 the host's single-threaded memcpy bandwidth at the largest size (bytes copied
 per second), measured in the same run.
 
@@ -42,7 +42,7 @@ import _common as C  # noqa: E402
 sys.path.insert(0, str(C.REPO / "tests"))
 from dist_util import run_ranks  # noqa: E402
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
 
 def parse_size(s: str) -> int:
@@ -95,6 +95,9 @@ def _rank_main(rank, world, ops, dtypes, sizes, reps_small, reps_large):
                     elif op == "all_gather":
                         bufs[backend] = (torch.empty(numel, dtype=dtype, device=device),
                                          data(numel // world, dtype, device, rank))
+                    elif op == "all_to_all":
+                        bufs[backend] = (torch.empty(numel, dtype=dtype, device=device),
+                                         data(numel, dtype, device, rank))
                     else:
                         bufs[backend] = (torch.empty(numel // world, dtype=dtype, device=device),
                                          data(numel, dtype, device, rank))
@@ -107,6 +110,8 @@ def _rank_main(rank, world, ops, dtypes, sizes, reps_small, reps_large):
                         dist.broadcast(b[0], src=0)
                     elif op == "all_gather":
                         dist.all_gather_into_tensor(b[0], b[1])
+                    elif op == "all_to_all":
+                        dist.all_to_all_single(b[0], b[1])
                     else:
                         dist.reduce_scatter_tensor(b[0], b[1])
                     if backend == "axon":

@@ -285,7 +285,10 @@ def _large_collectives(rank, world):
             _C._test_sleep_on_stream(rank, 50.0)
         else:
             torch.axon.synchronize()
-        works = [dist.all_reduce(big, async_op=mode == "async"),
+        exchanged = torch.empty(chunk * world, device=dev)
+        works = [dist.all_to_all_single(exchanged, big[:chunk * world],
+                                        async_op=mode == "async"),
+                 dist.all_reduce(big, async_op=mode == "async"),
                  dist.all_gather_into_tensor(gathered, big, async_op=mode == "async"),
                  dist.reduce_scatter_tensor(scattered, big[:chunk * world],
                                             async_op=mode == "async"),
@@ -293,6 +296,8 @@ def _large_collectives(rank, world):
         for w in works:
             if w is not None:
                 w.wait()
+        assert torch.equal(exchanged.cpu(), torch.cat(
+            [inputs[s][rank * chunk:(rank + 1) * chunk] for s in range(world)])), mode
         assert torch.equal(big.cpu(), want), mode
         assert torch.equal(gathered.cpu(), want.repeat(world)), mode
         assert torch.equal(scattered.cpu(), want[rank * chunk:(rank + 1) * chunk] * world), mode
@@ -303,8 +308,9 @@ def _large_collectives(rank, world):
 
 @pytest.mark.parametrize("inline_bytes", [None, "0"])
 def test_large_collectives_on_every_path(inline_bytes):
-    """Large all_reduce, all_gather_into_tensor, reduce_scatter_tensor and
-    broadcast (the direct shared-memory paths) against values computed on the CPU, async,
+    """Large all_to_all_single, all_reduce, all_gather_into_tensor,
+    reduce_scatter_tensor and broadcast (the direct shared-memory paths) against
+    values computed on the CPU, async,
     sync behind a busy stream and sync with idle streams; with
     AXON_COMM_INLINE_BYTES=0 the idle-stream calls take the communication
     stream too (by default 2 ranks on this 2-core machine run them on the

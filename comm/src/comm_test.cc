@@ -409,6 +409,46 @@ TEST_P(CommGroup, AllToAllUneven) {
   });
 }
 
+TEST_P(CommGroup, AllToAllReadsPeersInputsDirectly) {
+  const int n = GetParam();
+  // Inputs one after another in a shared buffer (all_to_all_single): uneven
+  // parts, one empty (rank 0 sends nothing to the last rank), the buffer at
+  // another offset on every rank; then one rank without a shared buffer:
+  // every rank stages instead.
+  run_group(n, small_config(), [&](ShmGroup& g) {
+    const int r = g.rank();
+    auto len = [n](int from, int to) {  // floats
+      return from == 0 && to == n - 1 && n > 1 ? size_t{0} : size_t((from + 1) * 9000 + to * 5);
+    };
+    for (bool all_shared : {true, false}) {
+      size_t total = 0;
+      for (int d = 0; d < n; ++d) total += len(r, d);
+      MemfdBuffer in(total, 8 * r + 3);
+      std::vector<const void*> ins;
+      std::vector<size_t> sb(n), rb(n);
+      std::vector<std::vector<float>> out(n);
+      std::vector<void*> outs;
+      size_t at = 0;
+      for (int d = 0; d < n; ++d) {
+        sb[d] = len(r, d) * sizeof(float);
+        rb[d] = len(d, r) * sizeof(float);
+        for (size_t i = 0; i < len(r, d); ++i) in.data[at + i] = value(r * 31 + d, i);
+        ins.push_back(in.data + at);
+        at += len(r, d);
+        out[d].assign(len(d, r) + 1, -1.0f);  // one guard element
+        outs.push_back(out[d].data());
+      }
+      const bool shared = all_shared || r != n - 1;
+      g.all_to_all(ins.data(), sb.data(), outs.data(), rb.data(), shared ? &in.shared : nullptr);
+      for (int s = 0; s < n; ++s) {
+        for (size_t i = 0; i < len(s, r); ++i)
+          ASSERT_EQ(out[s][i], value(s * 31 + r, i)) << "from " << s << " i " << i;
+        ASSERT_EQ(out[s][len(s, r)], -1.0f) << "written past the part from " << s;
+      }
+    }
+  });
+}
+
 TEST_P(CommGroup, SendRecvBatchBothSendFirst) {
   const int n = GetParam();
   run_group(n, small_config(), [&](ShmGroup& g) {

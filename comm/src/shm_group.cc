@@ -765,7 +765,8 @@ void ShmGroup::reduce_scatter(const void* const* inputs, void* output, size_t co
 }
 
 void ShmGroup::all_to_all(const void* const* inputs, const size_t* send_bytes,
-                          void* const* outputs, const size_t* recv_bytes) {
+                          void* const* outputs, const size_t* recv_bytes,
+                          const SharedBuffer* inputs_shared) {
   check_usable("all_to_all");
   if (size_ == 1) {
     if (send_bytes[0] != recv_bytes[0]) {
@@ -783,11 +784,17 @@ void ShmGroup::all_to_all(const void* const* inputs, const size_t* send_bytes,
   for (int r = 0; r < size_; ++r) sizes[r] = send_bytes[r];
   publish(1);
   wait_peers(1, "all_to_all");
-  size_t longest = 0;
+  size_t longest = 0, total = 0;
   std::string mismatch;
+  // Where this rank's part starts in each rank's inputs (for the direct copy).
+  std::vector<size_t> offset_in(size_, 0);
   for (int r = 0; r < size_; ++r) {
     const uint64_t* theirs = reinterpret_cast<const uint64_t*>(data_slot(r));
-    for (int d = 0; d < size_; ++d) longest = std::max<size_t>(longest, theirs[d]);
+    for (int d = 0; d < size_; ++d) {
+      longest = std::max<size_t>(longest, theirs[d]);
+      total += theirs[d];
+      if (d < rank_) offset_in[r] += theirs[d];
+    }
     if (theirs[rank_] != recv_bytes[r] && mismatch.empty()) {
       mismatch = "axon process group: all_to_all: rank " + std::to_string(r) + " sends " +
                  std::to_string(theirs[rank_]) + " bytes to rank " + std::to_string(rank_) +
@@ -797,6 +804,20 @@ void ShmGroup::all_to_all(const void* const* inputs, const size_t* send_bytes,
   }
   publish(3);
   if (!mismatch.empty()) fail(mismatch);
+  if (total > config_.small_bytes) {  // the same decision on every rank
+    // Direct: each rank copies its part of every peer's inputs straight into
+    // its outputs.  The last phase is a barrier: no rank changes its inputs
+    // before every peer has read them.
+    std::vector<char*> bufs;
+    if (map_all("all_to_all", inputs_shared,
+                const_cast<char*>(static_cast<const char*>(inputs[0])), bufs)) {
+      for (int r = 0; r < size_; ++r) {
+        if (recv_bytes[r]) copy(outputs[r], bufs[r] + offset_in[r], recv_bytes[r]);
+      }
+      finish_shared("all_to_all");
+      return;
+    }
+  }
   for (size_t off = 0; off < longest; off += window) {
     begin_step("all_to_all");
     for (int r = 0; r < size_; ++r) {

@@ -20,6 +20,7 @@
 #include <random>
 #include <thread>
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
@@ -802,7 +803,7 @@ class ProcessGroupAxon : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_split_sizes,
                                                std::vector<int64_t>& input_split_sizes,
-                                               const c10d::AllToAllOptions&) override {
+                                               const c10d::AllToAllOptions& opts) override {
     const char* op = "all_to_all_single";
     check_tensor(input, op);
     check_tensor(output, op);
@@ -848,8 +849,17 @@ class ProcessGroupAxon : public c10d::Backend {
                          return g.alltoall_base(vo, vi, os, is);
                        });
     }
+    // Peers read this rank's input directly unless the output overlaps it
+    // (then a peer could read what this rank already overwrote).
+    std::optional<comm::SharedBuffer> shared;
+    const bool overlap = input.numel() > 0 && output.numel() > 0 &&
+                         at::get_overlap_status(input, output) != at::MemOverlapStatus::No;
+    if (!overlap) shared = shared_buffer(input);
     return enqueue(OpType::ALLTOALL_BASE, op, {input, output}, {output},
-                   [=](comm::ShmGroup& g) { g.all_to_all(src.data(), sb.data(), dst.data(), rb.data()); });
+                   Op{op, false, {}, [=](comm::ShmGroup& g) {
+                        g.all_to_all(src.data(), sb.data(), dst.data(), rb.data(),
+                                     shared ? &*shared : nullptr);
+                      }, sync_inline(opts.asyncOp, nbytes(input))});
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
