@@ -212,32 +212,22 @@ struct F16v3 : F16 {
     return v;
   }
 };
-template <int M, class L>
-AXON_V4 __attribute__((flatten)) void linear_rows16_v4(int64_t n0, int64_t n1, int64_t k,
-                                                       const float* a, int64_t lda,
-                                                       const uint16_t* w, int64_t ldw,
-                                                       const uint16_t* bias, uint16_t* out,
-                                                       int64_t ldo) {
-  rows16_body<M, L>(n0, n1, k, a, lda, w, ldw, bias, out, ldo);
-}
-template <int M, class L>
-AXON_V3 __attribute__((flatten)) void linear_rows16_v3(int64_t n0, int64_t n1, int64_t k,
-                                                       const float* a, int64_t lda,
-                                                       const uint16_t* w, int64_t ldw,
-                                                       const uint16_t* bias, uint16_t* out,
-                                                       int64_t ldo) {
-  rows16_body<M, L>(n0, n1, k, a, lda, w, ldw, bias, out, ldo);
-}
-template <class L>
-constexpr Rows16Fn kRows16v4[kLinearMaxRows] = {
-    linear_rows16_v4<1, L>, linear_rows16_v4<2, L>, linear_rows16_v4<3, L>,
-    linear_rows16_v4<4, L>, linear_rows16_v4<5, L>, linear_rows16_v4<6, L>,
-    linear_rows16_v4<7, L>, linear_rows16_v4<8, L>};
-template <class L>
-constexpr Rows16Fn kRows16v3[kLinearMaxRows] = {
-    linear_rows16_v3<1, L>, linear_rows16_v3<2, L>, linear_rows16_v3<3, L>,
-    linear_rows16_v3<4, L>, linear_rows16_v3<5, L>, linear_rows16_v3<6, L>,
-    linear_rows16_v3<7, L>, linear_rows16_v3<8, L>};
+// One build of the loops per target: NAME<M, L>, and its table kNAME<L>.
+#define AXON_ROWS16_BUILD(NAME, TARGET)                                                     \
+  template <int M, class L>                                                                 \
+  TARGET __attribute__((flatten)) void NAME(int64_t n0, int64_t n1, int64_t k,              \
+                                            const float* a, int64_t lda, const uint16_t* w, \
+                                            int64_t ldw, const uint16_t* bias,              \
+                                            uint16_t* out, int64_t ldo) {                   \
+    rows16_body<M, L>(n0, n1, k, a, lda, w, ldw, bias, out, ldo);                           \
+  }                                                                                         \
+  template <class L>                                                                        \
+  constexpr Rows16Fn k##NAME[kLinearMaxRows] = {NAME<1, L>, NAME<2, L>, NAME<3, L>,         \
+                                                NAME<4, L>, NAME<5, L>, NAME<6, L>,         \
+                                                NAME<7, L>, NAME<8, L>};
+AXON_ROWS16_BUILD(rows16_v4, AXON_V4)
+AXON_ROWS16_BUILD(rows16_v3, AXON_V3)
+#undef AXON_ROWS16_BUILD
 #undef AXON_V4
 #undef AXON_V3
 #endif
@@ -251,8 +241,8 @@ const Rows16Fn* rows16_for(DType dt, int isa) {
     return __builtin_cpu_supports("x86-64-v4") ? 4 : __builtin_cpu_supports("x86-64-v3") ? 3 : 0;
   }();
   if (isa < 0) isa = best;
-  if (isa == 4) return dt == DType::kBFloat16 ? kRows16v4<Bf16v4> : kRows16v4<F16v4>;
-  if (isa == 3) return dt == DType::kBFloat16 ? kRows16v3<Bf16v3> : kRows16v3<F16v3>;
+  if (isa == 4) return dt == DType::kBFloat16 ? krows16_v4<Bf16v4> : krows16_v4<F16v4>;
+  if (isa == 3) return dt == DType::kBFloat16 ? krows16_v3<Bf16v3> : krows16_v3<F16v3>;
 #else
   (void)isa;
 #endif
