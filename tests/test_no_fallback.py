@@ -53,3 +53,40 @@ def test_hot_path_has_no_fallback(arch):
     ax.generate(prompt, max_new_tokens=6, do_sample=True, top_k=20, pad_token_id=0)
     torch.axon.synchronize()
     assert torch.axon.fallback_stats() == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_regression_losses_and_group_norm_backward_are_native(reduction, dtype):
+    """mse_loss (diffusion training's loss), smooth_l1 and huber, forward and
+    backward, and group_norm's backward (UNets) run as stream work, equal to
+    the CPU; a broadcasting target warns as on the CPU."""
+    import warnings
+
+    import torch.nn.functional as F
+    from conftest import make
+
+    x = make((6, 5), dtype, seed=1)
+    y = make((6, 5), dtype, seed=2)
+    torch.axon.reset_fallback_stats()
+    for loss in (F.mse_loss, F.smooth_l1_loss, F.huber_loss):
+        xc, xa = x.clone().requires_grad_(), x.axon().requires_grad_()
+        lc, la = loss(xc, y, reduction=reduction), loss(xa, y.axon(), reduction=reduction)
+        gc, = torch.autograd.grad((lc * 3).sum(), xc)
+        ga, = torch.autograd.grad((la * 3).sum(), xa)
+        assert_same(la, lc, dtype=dtype, accum=True)
+        assert_same(ga, gc, dtype=dtype, accum=True)
+    g = make((4, 6, 3), torch.float32, seed=3)
+    w, b = make((6,), torch.float32, seed=4), make((6,), torch.float32, seed=5)
+    gc, ga = g.clone().requires_grad_(), g.axon().requires_grad_()
+    grad_c, = torch.autograd.grad((F.group_norm(gc, 3, w, b) ** 2).sum(), gc)
+    grad_a, = torch.autograd.grad((F.group_norm(ga, 3, w.axon(), b.axon()) ** 2).sum(), ga)
+    assert_same(grad_a, grad_c, accum=True)
+    assert torch.axon.fallback_stats() == {}
+    with warnings.catch_warnings(record=True) as wc:
+        warnings.simplefilter("always")
+        F.mse_loss(x, y[:1])
+    with warnings.catch_warnings(record=True) as wa:
+        warnings.simplefilter("always")
+        F.mse_loss(x.axon(), y[:1].axon())
+    assert [str(w.message) for w in wa] == [str(w.message) for w in wc] != []

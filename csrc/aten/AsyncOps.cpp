@@ -439,6 +439,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "polar.out", "complex.out", "linalg_cross.out", 
            "binary_cross_entropy", "binary_cross_entropy_backward", "mse_loss.out",
            "mse_loss_backward.grad_input", "smooth_l1_loss.out", "huber_loss.out",
+           // their functional forms (ATen has no composite of them for other backends;
+           // mse_loss is the loss of diffusion training)
+           "mse_loss", "mse_loss_backward", "smooth_l1_loss", "smooth_l1_loss_backward.grad_input",
+           "huber_loss", "huber_loss_backward.out", "native_group_norm_backward",
            "nll_loss2d_forward.output", "nll_loss2d_backward.grad_input",
            // random ops: numbers reserved from the axon generator at launch
            "bernoulli_.float", "bernoulli_.Tensor", "bernoulli.out", "uniform_", "normal_",

@@ -262,15 +262,6 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&axonFallback>());
 }
 
-// Ops whose composite kernels would not reach the fallback correctly: the
-// functional losses' generic kernels pass a placeholder out= tensor that the
-// CPU kernel resizes (with a warning).
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  for (const char* op : {"mse_loss", "smooth_l1_loss", "huber_loss"}) {
-    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&axonFallback>());
-  }
-}
-
 }  // namespace
 
 std::map<std::string, int64_t> fallbackStats() {
