@@ -433,7 +433,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "unfold_backward", "im2col", "col2im",
            "reflection_pad1d.out", "reflection_pad2d.out",
            "replication_pad1d.out", "replication_pad2d.out", "upsample_nearest2d.out",
-           "upsample_bilinear2d.out",
+           "upsample_bilinear2d.out", "upsample_nearest2d_backward.grad_input",
+           "upsample_bilinear2d_backward.grad_input",
            // Not _embedding_bag: its CPU kernel returns an empty offset2bag for
            // mode="sum" where the Meta kernel sizes it (the fallback runs it).
            "polar.out", "complex.out", "linalg_cross.out", 
@@ -443,6 +444,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            // mse_loss is the loss of diffusion training)
            "mse_loss", "mse_loss_backward", "smooth_l1_loss", "smooth_l1_loss_backward.grad_input",
            "huber_loss", "huber_loss_backward.out", "native_group_norm_backward",
+           // ATen's composite for other backends (math_group_norm) views its input
+           // and fails on channels-last activations (a Diffusers UNet after attention)
+           "native_group_norm",
            "nll_loss2d_forward.output", "nll_loss2d_backward.grad_input",
            // random ops: numbers reserved from the axon generator at launch
            "bernoulli_.float", "bernoulli_.Tensor", "bernoulli.out", "uniform_", "normal_",

@@ -1,0 +1,113 @@
+"""Diffusers on axon: a tiny UNet2DModel (with attention blocks) trains with the
+DDPM objective and samples with the DDPM scheduler, equal to the same model on
+the CPU and with no op in the synchronous fallback; and the ops a UNet adds to a
+language model's (group norm on channels-last activations, upsampling
+backward) against the CPU across dtypes."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import FLOAT_DTYPES, assert_same, make
+
+
+def tiny_unet():
+    from diffusers import UNet2DModel
+    torch.manual_seed(0)
+    return UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+                       block_out_channels=(32, 64),
+                       down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                       up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8)
+
+
+def test_unet_ddpm_training_step_matches_cpu():
+    from diffusers import DDPMScheduler
+    cpu = tiny_unet()
+    ax = copy.deepcopy(cpu).to("axon")
+    sched = DDPMScheduler(num_train_timesteps=100)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 16, 16, generator=g)
+    noise = torch.randn(2, 3, 16, 16, generator=g)
+    t = torch.randint(0, 100, (2,), generator=g)
+    noisy = sched.add_noise(x, noise, t)
+    torch.axon.reset_fallback_stats()
+    losses = []
+    for model, dev in ((cpu, "cpu"), (ax, "axon")):
+        # SGD: updates proportional to the gradients.  (With AdamW the key
+        # projection's bias, whose gradient is zero up to rounding since softmax
+        # ignores it, moves by +-lr on either device depending on that rounding.)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        step_losses = []
+        for _ in range(2):
+            loss = F.mse_loss(model(noisy.to(dev), t.to(dev)).sample, noise.to(dev))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            step_losses.append(loss.detach())
+        losses.append(step_losses)
+    assert torch.axon.fallback_stats() == {}
+    for lc, la in zip(*losses):
+        assert_same(la, lc, accum=True)
+    assert losses[0][1] != losses[0][0]  # the step changed the weights
+    for (name, p), q in zip(cpu.named_parameters(), ax.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_unet_ddpm_sampling_matches_cpu():
+    from diffusers import DDPMScheduler
+    cpu = tiny_unet().eval()
+    ax = copy.deepcopy(cpu).to("axon")
+    start = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    results = []
+    torch.axon.reset_fallback_stats()
+    for model, dev in ((cpu, "cpu"), (ax, "axon")):
+        sched = DDPMScheduler(num_train_timesteps=100)
+        sched.set_timesteps(4)
+        sample = start.to(dev)
+        with torch.no_grad():
+            for step in sched.timesteps:
+                # Deterministic steps: the variance noise comes from the CPU generator.
+                out = sched.step(model(sample, step).sample, step, sample,
+                                 generator=torch.Generator().manual_seed(int(step)))
+                sample = out.prev_sample
+        results.append(sample)
+    assert torch.axon.fallback_stats() == {}
+    assert_same(results[1], results[0], accum=True)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_group_norm_forward_backward_matches_cpu(dtype, layout):
+    """ATen's composite group norm for other backends views its input, which a
+    channels-last activation (a UNet after an attention block) cannot do."""
+    x = make((2, 16, 5, 6), dtype, seed=1)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w, b = make((16,), dtype, seed=2), make((16,), dtype, seed=3)
+    torch.axon.reset_fallback_stats()
+    xc, xa = x.clone().requires_grad_(), x.axon().requires_grad_()
+    yc = F.group_norm(xc, 4, w, b)
+    ya = F.group_norm(xa, 4, w.axon(), b.axon())
+    gc, = torch.autograd.grad((yc.float() ** 2).sum(), xc)
+    ga, = torch.autograd.grad((ya.float() ** 2).sum(), xa)
+    assert_same(ya, yc, dtype=dtype, accum=True)
+    assert_same(ga, gc, dtype=dtype, accum=True)
+    assert torch.axon.fallback_stats() == {}
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_upsampling_backward_matches_cpu(mode, dtype):
+    x = make((2, 4, 5, 6), dtype, seed=4)
+    kw = dict(scale_factor=2, mode=mode) if mode == "nearest" else \
+        dict(size=(9, 13), mode=mode, align_corners=False)
+    torch.axon.reset_fallback_stats()
+    xc, xa = x.clone().requires_grad_(), x.axon().requires_grad_()
+    yc, ya = F.interpolate(xc, **kw), F.interpolate(xa, **kw)
+    gc, = torch.autograd.grad((yc.float() ** 2).sum(), xc)
+    ga, = torch.autograd.grad((ya.float() ** 2).sum(), xa)
+    assert_same(ya, yc, dtype=dtype, accum=True)
+    assert_same(ga, gc, dtype=dtype, accum=True)
+    assert torch.axon.fallback_stats() == {}
