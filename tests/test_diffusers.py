@@ -97,10 +97,13 @@ def test_group_norm_forward_backward_matches_cpu(dtype, layout):
     assert torch.axon.fallback_stats() == {}
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("mode", ["nearest", "bilinear"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_upsampling_backward_matches_cpu(mode, dtype):
+def test_upsampling_backward_matches_cpu(mode, dtype, layout):
     x = make((2, 4, 5, 6), dtype, seed=4)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
     kw = dict(scale_factor=2, mode=mode) if mode == "nearest" else \
         dict(size=(9, 13), mode=mode, align_corners=False)
     torch.axon.reset_fallback_stats()

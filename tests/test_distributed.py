@@ -298,6 +298,9 @@ def _large_collectives(rank, world):
                 w.wait()
         assert torch.equal(exchanged.cpu(), torch.cat(
             [inputs[s][rank * chunk:(rank + 1) * chunk] for s in range(world)])), mode
+        in_place = inputs[rank][:chunk * world].to(dev)
+        dist.all_to_all_single(in_place, in_place)  # exchanges a copy of the input
+        assert torch.equal(in_place.cpu(), exchanged.cpu()), mode
         assert torch.equal(big.cpu(), want), mode
         assert torch.equal(gathered.cpu(), want.repeat(world)), mode
         assert torch.equal(scattered.cpu(), want[rank * chunk:(rank + 1) * chunk] * world), mode

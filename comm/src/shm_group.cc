@@ -495,15 +495,12 @@ void ShmGroup::all_reduce_large(char* data, size_t count, DType dt, ReduceOp op,
 
 // Peer buffers, mapped once per allocation (id) and kept: the next
 // collectives on the same tensors (gradient buckets, FSDP's buffers) find
-// them here.  The cache is dropped when it grows past 256 mappings.
+// them here.  The cache is dropped when it grows past 256 mappings, by
+// map_all before it maps anything (never between the mappings of one step).
 char* ShmGroup::map_peer(int r, int fd, uint64_t id, size_t size) {
   auto key = std::make_pair(r, id);
   auto it = peer_maps_.find(key);
   if (it != peer_maps_.end()) return static_cast<char*>(it->second.first);
-  if (peer_maps_.size() >= 256) {
-    for (auto& [k, m] : peer_maps_) munmap(m.first, m.second);
-    peer_maps_.clear();
-  }
   std::string path = "/proc/" + std::to_string(ctl_[r].pid) + "/fd/" + std::to_string(fd);
   int local = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (local < 0) return nullptr;
@@ -538,6 +535,10 @@ bool ShmGroup::map_all(const char* op, const SharedBuffer* shared, char* mine,
   publish(1);
   wait_peers(1, op);
   bufs.assign(size_, nullptr);
+  if (peer_maps_.size() + size_ > 256) {
+    for (auto& [k, m] : peer_maps_) munmap(m.first, m.second);
+    peer_maps_.clear();
+  }
   bool ok = shared != nullptr;
   for (int r = 0; r < size_ && ok; ++r) {
     if (r == rank_) {

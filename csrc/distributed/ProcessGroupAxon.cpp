@@ -833,33 +833,35 @@ class ProcessGroupAxon : public c10d::Backend {
     };
     std::vector<size_t> sb = splits(input, input_split_sizes, "input");
     std::vector<size_t> rb = splits(output, output_split_sizes, "output");
+    // An output overlapping the input (in place): the exchange reads a copy,
+    // queued before it on the current stream.  (Writing parts of the output
+    // while other parts of the input are still to be read would lose data.)
+    const bool overlap = input.numel() > 0 && output.numel() > 0 &&
+                         at::get_overlap_status(input, output) != at::MemOverlapStatus::No;
+    at::Tensor source = overlap ? input.clone() : input;
     std::vector<const void*> src(n);
     std::vector<void*> dst(n);
     size_t so = 0, ro = 0;
     for (int r = 0; r < n; ++r) {
-      src[r] = ptr(input) + so;
+      src[r] = ptr(source) + so;
       dst[r] = ptr(output) + ro;
       so += sb[r];
       ro += rb[r];
     }
     if (multi_host_) {
-      return on_global(OpType::ALLTOALL_BASE, op, {input, output}, {output},
-                       [vo = cpu_view(output), vi = cpu_view(input), os = output_split_sizes,
+      return on_global(OpType::ALLTOALL_BASE, op, {source, output}, {output},
+                       [vo = cpu_view(output), vi = cpu_view(source), os = output_split_sizes,
                         is = input_split_sizes](c10d::Backend& g) mutable {
                          return g.alltoall_base(vo, vi, os, is);
                        });
     }
-    // Peers read this rank's input directly unless the output overlaps it
-    // (then a peer could read what this rank already overwrote).
-    std::optional<comm::SharedBuffer> shared;
-    const bool overlap = input.numel() > 0 && output.numel() > 0 &&
-                         at::get_overlap_status(input, output) != at::MemOverlapStatus::No;
-    if (!overlap) shared = shared_buffer(input);
-    return enqueue(OpType::ALLTOALL_BASE, op, {input, output}, {output},
+    // Peers read this rank's input (or its copy) directly.
+    std::optional<comm::SharedBuffer> shared = shared_buffer(source);
+    return enqueue(OpType::ALLTOALL_BASE, op, {source, output}, {output},
                    Op{op, false, {}, [=](comm::ShmGroup& g) {
                         g.all_to_all(src.data(), sb.data(), dst.data(), rb.data(),
                                      shared ? &*shared : nullptr);
-                      }, sync_inline(opts.asyncOp, nbytes(input))});
+                      }, sync_inline(opts.asyncOp, std::max(nbytes(input), nbytes(output)))});
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,

@@ -60,7 +60,8 @@ struct Tensor {
 };
 
 // kBoolRuns: a static KV cache's mask, whole tiles of keys hidden from every query
-// (batch 0 sees keys [0, 70) and [200, 210), batch 1 keys [0, 3)).
+// (batch 0 sees keys [0, 70) and [200, 210), query 1 also [130, 135); batch 1
+// keys [0, 3)): a tile is skipped only if no query of the task sees a key in it.
 // kAdditiveRuns: the same as an additive mask of 0 and -inf, as PyTorch's
 // scaled_dot_product_attention passes a boolean mask to a fused kernel.
 enum class Mask { kNone, kAdditiveBroadcast, kAdditivePerHead, kBool, kBoolRuns, kAdditiveRuns };
@@ -116,7 +117,9 @@ struct Problem {
       keep.resize(n);
       for (int64_t i = 0; i < n; ++i) {
         const int64_t b = i / (mh * s.q_len * s.kv_len), j = i % s.kv_len;
-        keep[i] = b == 0 ? (j < 70 || (j >= 200 && j < 210)) : j < 3;
+        const int64_t q = i / s.kv_len % s.q_len;
+        keep[i] = b == 0 ? (j < 70 || (j >= 200 && j < 210) || (q == 1 && j >= 130 && j < 135))
+                         : j < 3;
       }
       if (c.mask == Mask::kBoolRuns) {
         mask = {MaskKind::kBool, DType::kFloat32, keep.data(), mask_strides};
@@ -251,7 +254,8 @@ const std::vector<Case>& cases() {
       {{1, 2, 2, 5, 70, 8, 8}, true, Mask::kBool, Layout::kSeqMajor, 0.5},
       // Static-cache masks: tiles no query of a task sees are skipped.
       {{2, 4, 2, 1, 260, 16, 16}, false, Mask::kBoolRuns, Layout::kContiguous, 0},
-      {{2, 2, 2, 3, 260, 8, 8}, true, Mask::kBoolRuns, Layout::kSeqMajor, 0.3},
+      {{2, 2, 2, 3, 260, 8, 8}, false, Mask::kBoolRuns, Layout::kSeqMajor, 0.3},
+      {{1, 1, 1, 2, 1100, 8, 8}, false, Mask::kBoolRuns, Layout::kContiguous, 0},  // split keys
       {{2, 4, 2, 1, 260, 16, 16}, false, Mask::kAdditiveRuns, Layout::kContiguous, 0},
       // Few groups, many keys: the forward splits the keys.
       {{1, 1, 1, 2, 600, 8, 8}, false, Mask::kBool, Layout::kContiguous, 0},

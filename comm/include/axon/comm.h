@@ -142,8 +142,9 @@ class ShmGroup {
   // recv_bytes[r] must equal what rank r sends here.
   // inputs_shared: the inputs lie one after another from inputs[0] (inputs[r]
   // = inputs[0] + send_bytes[0] + ... + send_bytes[r - 1]) in this shared
-  // buffer, and no output overlaps them; with every rank's, a large one copies
-  // from the peers' inputs directly (one copy instead of two).
+  // buffer; with every rank's, a large one copies from the peers' inputs
+  // directly (one copy instead of two).  No output may overlap the inputs
+  // (on any path: the staged one would overwrite parts not yet sent).
   void all_to_all(const void* const* inputs, const size_t* send_bytes, void* const* outputs,
                   const size_t* recv_bytes, const SharedBuffer* inputs_shared = nullptr);
   // Point to point: messages between a pair arrive in order.  A batch makes
