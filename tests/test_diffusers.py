@@ -77,23 +77,28 @@ def test_unet_ddpm_sampling_matches_cpu():
     assert_same(results[1], results[0], accum=True)
 
 
+@pytest.mark.parametrize("params", ["same_dtype", "float32"])
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_group_norm_forward_backward_matches_cpu(dtype, layout):
+def test_group_norm_forward_backward_matches_cpu(dtype, layout, params):
     """ATen's composite group norm for other backends views its input, which a
-    channels-last activation (a UNet after an attention block) cannot do."""
+    channels-last activation (a UNet after an attention block) cannot do; and
+    float32 weight and bias with 16-bit activations, as the CPU allows."""
     x = make((2, 16, 5, 6), dtype, seed=1)
     if layout == "channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
-    w, b = make((16,), dtype, seed=2), make((16,), dtype, seed=3)
+    pdt = dtype if params == "same_dtype" else torch.float32
+    w, b = make((16,), pdt, seed=2), make((16,), pdt, seed=3)
     torch.axon.reset_fallback_stats()
-    xc, xa = x.clone().requires_grad_(), x.axon().requires_grad_()
-    yc = F.group_norm(xc, 4, w, b)
-    ya = F.group_norm(xa, 4, w.axon(), b.axon())
-    gc, = torch.autograd.grad((yc.float() ** 2).sum(), xc)
-    ga, = torch.autograd.grad((ya.float() ** 2).sum(), xa)
-    assert_same(ya, yc, dtype=dtype, accum=True)
-    assert_same(ga, gc, dtype=dtype, accum=True)
+    results = []
+    for dev in ("cpu", "axon"):
+        xd, wd, bd = (t.to(dev).requires_grad_() for t in (x, w, b))
+        y = F.group_norm(xd, 4, wd, bd)
+        grads = torch.autograd.grad((y.float() ** 2).sum(), (xd, wd, bd))
+        results.append((y, *grads))
+    for got, want in zip(results[1], results[0]):
+        assert got.dtype == want.dtype
+        assert_same(got, want, dtype=dtype, accum=True)
     assert torch.axon.fallback_stats() == {}
 
 

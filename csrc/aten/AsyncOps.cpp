@@ -393,6 +393,70 @@ void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 
+// Group norm by the generic kernel: ATen's composite for other backends
+// (math_group_norm) views its input and fails on channels-last activations
+// (a Diffusers UNet after an attention block).  Parameters of another dtype
+// than the input (bf16 activations, float32 weight and bias), which the CPU
+// kernel takes as they are, computing in float32 with float32 mean and rstd:
+// here the input is converted to the parameters' dtype instead and the result
+// back (the Meta kernel would give mean/rstd the input's dtype, which the CPU
+// kernel then refuses next to float32 parameters); the backward likewise.
+// native_group_norm(input, weight?, bias?, N, C, HxW, group, eps)
+//   -> (out, mean, rstd)
+void group_norm_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t base = stack->size() - 8;
+  const at::Tensor input = (*stack)[base].toTensor();
+  std::optional<c10::ScalarType> param_dtype;
+  for (size_t i : {base + 1, base + 2}) {
+    const c10::IValue& v = (*stack)[i];
+    if (v.isTensor() && v.toTensor().defined() &&
+        v.toTensor().scalar_type() != input.scalar_type()) {
+      param_dtype = v.toTensor().scalar_type();
+    }
+  }
+  if (param_dtype) (*stack)[base] = input.to(*param_dtype);
+  async_kernel(op, stack);
+  if (param_dtype) {
+    c10::IValue& out = (*stack)[stack->size() - 3];
+    out = out.toTensor().to(input.scalar_type());
+  }
+}
+
+// native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C, HxW,
+// group, output_mask) -> (grad_input, grad_weight, grad_bias)
+void group_norm_backward_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t base = stack->size() - 10;
+  const at::Tensor input = (*stack)[base + 1].toTensor();
+  const at::Tensor mean = (*stack)[base + 2].toTensor();
+  std::optional<c10::ScalarType> param_dtype;
+  if (mean.defined() && mean.scalar_type() != input.scalar_type()) {
+    param_dtype = mean.scalar_type();  // the forward computed in it
+  }
+  const c10::IValue& w = (*stack)[base + 4];
+  if (w.isTensor() && w.toTensor().defined() && w.toTensor().scalar_type() != input.scalar_type()) {
+    param_dtype = w.toTensor().scalar_type();
+  }
+  if (param_dtype) {
+    for (size_t i : {base, base + 1, base + 2, base + 3}) {
+      c10::IValue& v = (*stack)[i];
+      if (v.isTensor() && v.toTensor().defined()) v = v.toTensor().to(*param_dtype);
+    }
+  }
+  async_kernel(op, stack);
+  if (param_dtype) {
+    c10::IValue& grad_input = (*stack)[stack->size() - 3];
+    if (grad_input.isTensor() && grad_input.toTensor().defined()) {
+      grad_input = grad_input.toTensor().to(input.scalar_type());
+    }
+  }
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("native_group_norm", torch::CppFunction::makeFromBoxedFunction<&group_norm_kernel>());
+  m.impl("native_group_norm_backward",
+         torch::CppFunction::makeFromBoxedFunction<&group_norm_backward_kernel>());
+}
+
 // Ops run by the generic kernel: off the hottest paths (their Meta kernels
 // are often Python), but each must not stall the stream.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -443,10 +507,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            // their functional forms (ATen has no composite of them for other backends;
            // mse_loss is the loss of diffusion training)
            "mse_loss", "mse_loss_backward", "smooth_l1_loss", "smooth_l1_loss_backward.grad_input",
-           "huber_loss", "huber_loss_backward.out", "native_group_norm_backward",
-           // ATen's composite for other backends (math_group_norm) views its input
-           // and fails on channels-last activations (a Diffusers UNet after attention)
-           "native_group_norm",
+           "huber_loss", "huber_loss_backward.out",
            "nll_loss2d_forward.output", "nll_loss2d_backward.grad_input",
            // random ops: numbers reserved from the axon generator at launch
            "bernoulli_.float", "bernoulli_.Tensor", "bernoulli.out", "uniform_", "normal_",
