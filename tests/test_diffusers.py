@@ -119,3 +119,41 @@ def test_upsampling_backward_matches_cpu(mode, dtype, layout):
     assert_same(ya, yc, dtype=dtype, accum=True)
     assert_same(ga, gc, dtype=dtype, accum=True)
     assert torch.axon.fallback_stats() == {}
+
+
+# Image-model ops beyond a UNet's (pooling, padding, bicubic upsampling, grid
+# sampling, distances, activations), forward and backward: stream work, equal
+# to the CPU, in both layouts (a channels-last input made replication_pad2d's
+# CPU kernel restride its out= view, which gave wrong values on axon).
+IMAGE_OPS = {
+    "avg_pool2d": lambda x: F.avg_pool2d(x, 3, stride=2, padding=1),
+    "max_pool2d": lambda x: F.max_pool2d(x, 2),
+    "pad_reflect": lambda x: F.pad(x, (1, 2, 2, 1), mode="reflect"),
+    "pad_replicate": lambda x: F.pad(x, (1, 2, 2, 1), mode="replicate"),
+    "bicubic": lambda x: F.interpolate(x, size=(9, 11), mode="bicubic", align_corners=False),
+    "grid_sample": lambda x: F.grid_sample(
+        x, torch.linspace(-0.9, 0.9, 2 * 3 * 4 * 2, dtype=x.dtype).view(2, 3, 4, 2).to(x.device),
+        align_corners=False),
+    "cdist": lambda x: torch.cdist(x.flatten(2), x.flatten(2).flip(1)),
+    "hardswish": lambda x: F.hardswish(x),
+    "glu": lambda x: F.glu(x, 1),
+}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("op", list(IMAGE_OPS))
+def test_image_ops_forward_backward_match_cpu(op, dtype, layout):
+    if op == "cdist" and dtype != torch.float32:
+        return  # torch.cdist takes float32/float64 only, on the CPU too
+    x = make((2, 4, 6, 7), dtype, seed=5)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    torch.axon.reset_fallback_stats()
+    xc, xa = x.clone().requires_grad_(), x.axon().requires_grad_()
+    yc, ya = IMAGE_OPS[op](xc), IMAGE_OPS[op](xa)
+    gc, = torch.autograd.grad((yc.float() ** 2).sum(), xc)
+    ga, = torch.autograd.grad((ya.float() ** 2).sum(), xa)
+    assert_same(ya, yc, dtype=dtype, accum=True)
+    assert_same(ga, gc, dtype=dtype, accum=True)
+    assert torch.axon.fallback_stats() == {}

@@ -260,7 +260,35 @@ struct CpuWork {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     torch::jit::Stack stack(args.begin(), args.end());
     const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
+    // A mutating CPU kernel may restride an out= tensor of the right size to
+    // the layout it prefers (replication_pad2d's out follows a channels-last
+    // input): its values then sit in the device memory in that layout while
+    // the axon tensor keeps the Meta kernel's strides.  Such a view is put
+    // back: its values are copied out and into the original strides.
+    struct Geometry {
+      size_t arg;
+      std::vector<int64_t> strides;
+      int64_t offset;
+      const void* data;
+    };
+    std::vector<Geometry> before;
+    if (outputs.empty()) {
+      for (size_t i = 0; i < args.size(); ++i) {
+        if (!args[i].isTensor()) continue;
+        const at::Tensor& t = args[i].toTensor();
+        if (t.defined() && t.numel() > 0) {
+          before.push_back({i, t.strides().vec(), t.storage_offset(), t.const_data_ptr()});
+        }
+      }
+    }
     op.redispatchBoxed(cpu, &stack);
+    for (const Geometry& g : before) {
+      at::Tensor t = args[g.arg].toTensor();
+      if (t.strides() == c10::IntArrayRef(g.strides) || t.const_data_ptr() != g.data) continue;
+      const at::Tensor values = t.clone();
+      t.as_strided_(t.sizes(), g.strides, g.offset);
+      t.copy_(values);
+    }
     if (outputs.empty()) return;  // mutating
     TORCH_INTERNAL_ASSERT(stack.size() == outputs.size());
     for (size_t i = 0; i < outputs.size(); ++i) copy_result(stack[i], outputs[i]);
@@ -498,7 +526,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "reflection_pad1d.out", "reflection_pad2d.out",
            "replication_pad1d.out", "replication_pad2d.out", "upsample_nearest2d.out",
            "upsample_bilinear2d.out", "upsample_nearest2d_backward.grad_input",
-           "upsample_bilinear2d_backward.grad_input",
+           "upsample_bilinear2d_backward.grad_input", "upsample_bicubic2d.out",
+           "upsample_bicubic2d_backward.grad_input",
+           // CNN and image ops (pooling, padding, sampling) and their backwards
+           "avg_pool2d.out", "avg_pool2d_backward.grad_input", "max_pool2d_with_indices.out",
+           "max_pool2d_with_indices_backward.grad_input", "reflection_pad2d",
+           "reflection_pad2d_backward", "replication_pad2d_backward", "grid_sampler_2d",
+           "grid_sampler_2d_backward", "_cdist_forward", "_cdist_backward", "hardswish",
+           "hardswish_backward", "glu_backward",
            // Not _embedding_bag: its CPU kernel returns an empty offset2bag for
            // mode="sum" where the Meta kernel sizes it (the fallback runs it).
            "polar.out", "complex.out", "linalg_cross.out", 
