@@ -59,18 +59,28 @@ AXON_INLINE void prefetch_ahead(const void* p) {
                      0, kPrefetchLocality);
 }
 
-template <int M>
-AXON_INLINE void dot_rows(int64_t k, const float* const* a, const float* w, float* result) {
+// How weights become float32: 16 from memory (vec) and one (scalar).
+struct F32 {
+  using Elem = float;
+  AXON_INLINE static Vec vec(const float* w) { return simd::load(w, VecAt{0}); }
+  AXON_INLINE static float scalar(float x) { return x; }
+};
+
+// The M dot products of a weight row with rows a[0..M) (float32), in 16-lane
+// accumulators summed across lanes at the end: the same order for every M.
+template <int M, class L>
+AXON_INLINE void dot_rows(int64_t k, const float* const* a, const typename L::Elem* w,
+                          float* result) {
   Vec acc[M] = {};
   int64_t i = 0;
   for (; i + simd::kLanes <= k; i += simd::kLanes) {
-    prefetch_ahead(w + i);
-    const Vec wv = simd::load(w, VecAt{i});
+    if (i * int64_t{sizeof(typename L::Elem)} % 64 == 0) prefetch_ahead(w + i);  // once a line
+    const Vec wv = L::vec(w + i);
     for (int r = 0; r < M; ++r) acc[r] += simd::load(a[r], VecAt{i}) * wv;
   }
   for (int r = 0; r < M; ++r) {
     float s = simd::reduce_add(acc[r]);
-    for (int64_t t = i; t < k; ++t) s += a[r][t] * w[t];
+    for (int64_t t = i; t < k; ++t) s += a[r][t] * L::scalar(w[t]);
     result[r] = s;
   }
 }
@@ -83,7 +93,7 @@ AXON_SIMD void linear_rows(int64_t n0, int64_t n1, int64_t k, const float* a, in
   for (int r = 0; r < M; ++r) rows[r] = a + r * lda;
   float result[M];
   for (int64_t j = n0; j < n1; ++j) {
-    dot_rows<M>(k, rows, w + j * ldw, result);
+    dot_rows<M, F32>(k, rows, w + j * ldw, result);
     const float b = bias != nullptr ? bias[j] : 0.0f;
     for (int r = 0; r < M; ++r) out[r * ldo + j] = result[r] + b;
   }
@@ -95,9 +105,9 @@ constexpr RowsFn kRows[kLinearMaxRows] = {linear_rows<1>, linear_rows<2>, linear
                                           linear_rows<4>, linear_rows<5>, linear_rows<6>,
                                           linear_rows<7>, linear_rows<8>};
 
-// How 16-bit weights become float32: 16 from memory (vec) and one (scalar).
-// The portable forms (baseline clones); the ISA-specific ones below.
+// 16-bit weights: the portable forms (baseline clones); the ISA-specific ones below.
 struct Bf16 {
+  using Elem = uint16_t;
   static constexpr DType kType = DType::kBFloat16;
   AXON_INLINE static Vec vec(const uint16_t* w) {
     return simd::bf16_to_float(simd::load_u16(w, VecAt{0}));
@@ -105,28 +115,13 @@ struct Bf16 {
   AXON_INLINE static float scalar(uint16_t h) { return simd::bf16_to_float(uint32_t{h}); }
 };
 struct F16 {  // bit arithmetic: ~12 vector instructions per 16 weights
+  using Elem = uint16_t;
   static constexpr DType kType = DType::kFloat16;
   AXON_INLINE static Vec vec(const uint16_t* w) {
     return simd::f16_to_float(simd::load_u16(w, VecAt{0}));
   }
   AXON_INLINE static float scalar(uint16_t h) { return simd::f16_to_float(uint32_t{h}); }
 };
-
-template <int M, class L>
-AXON_INLINE void dot_rows16(int64_t k, const float* const* a, const uint16_t* w, float* result) {
-  Vec acc[M] = {};
-  int64_t i = 0;
-  for (; i + simd::kLanes <= k; i += simd::kLanes) {
-    if ((i & simd::kLanes) == 0) prefetch_ahead(w + i);  // once per 64-byte line
-    const Vec wv = L::vec(w + i);
-    for (int r = 0; r < M; ++r) acc[r] += simd::load(a[r], VecAt{i}) * wv;
-  }
-  for (int r = 0; r < M; ++r) {
-    float s = simd::reduce_add(acc[r]);
-    for (int64_t t = i; t < k; ++t) s += a[r][t] * L::scalar(w[t]);
-    result[r] = s;
-  }
-}
 
 // a: float32 rows (converted), w / bias / out: 16-bit.  Sums (+ bias) of up
 // to kOutBlock columns are kept in float32, then each row of them is rounded
@@ -144,7 +139,7 @@ AXON_INLINE void rows16_body(int64_t n0, int64_t n1, int64_t k, const float* a, 
   for (int64_t j0 = n0; j0 < n1; j0 += kOutBlock) {
     const int64_t j1 = std::min(n1, j0 + kOutBlock);
     for (int64_t j = j0; j < j1; ++j) {
-      dot_rows16<M, L>(k, rows, w + j * ldw, result);
+      dot_rows<M, L>(k, rows, w + j * ldw, result);
       const float b = bias != nullptr ? L::scalar(bias[j]) : 0.0f;
       for (int r = 0; r < M; ++r) sums[r][j - j0] = result[r] + b;
     }
