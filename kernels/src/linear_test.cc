@@ -128,8 +128,14 @@ TEST(LinearSmallM, SixteenBitBuildsForEachInstructionSet) {
 
 TEST(LinearSmallM, TooManyRowsThrow) {
   float x = 0;
-  EXPECT_THROW(linear_small_m(kLinearMaxRows + 1, 1, 1, &x, 1, &x, 1, nullptr, &x, 1),
-               std::invalid_argument);
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    try {
+      linear_small_m(dt, kLinearMaxRows + 1, 1, 1, &x, 1, &x, 1, nullptr, &x, 1);
+      ADD_FAILURE() << "no error for " << testing::dtype_name(dt);
+    } catch (const std::invalid_argument& e) {
+      EXPECT_STREQ(e.what(), "linear_small_m: 9 rows, at most 8");
+    }
+  }
 }
 
 // The float32 overload with a DType is the float32 kernel.
