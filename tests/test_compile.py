@@ -345,6 +345,25 @@ def test_batch_norm_eval_statistics_shapes_match_eager():
     assert [tuple(o.shape) for o in out] == [(3, 2, 4), (0,), (0,)]
 
 
+@pytest.mark.parametrize("params", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_batch_norm_statistics_dtypes_match_eager(training, params):
+    """bf16 activations with bf16 or float32 parameters: the saved statistics
+    take the CPU kernel's shapes and dtypes, compiled as in eager."""
+    def f(x, w, b, rm, rv):
+        return torch.native_batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5)
+
+    x = tensor((3, 2, 4), torch.bfloat16, "axon", 41)
+    p = [tensor((2,), params, "axon", 42 + i, low=0.5, high=2.0) for i in range(4)]
+    eager = f(x, *[t.clone() for t in p])
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="axon")(x, *[t.clone() for t in p])
+    cpu = f(x.cpu(), *[t.cpu() for t in p])
+    for e, c, r in zip(eager, compiled, cpu):
+        assert e.shape == c.shape == r.shape and e.dtype == c.dtype == r.dtype
+        assert_same(c, e.cpu(), dtype=torch.bfloat16, accum=True)
+
+
 def test_control_flow_subgraphs():
     """torch.cond / while_loop: their subgraphs get axon's wrapper too (kernels
     launched on the stream, buffers from the axon allocator)."""

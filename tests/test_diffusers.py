@@ -157,3 +157,94 @@ def test_image_ops_forward_backward_match_cpu(op, dtype, layout):
     assert_same(ya, yc, dtype=dtype, accum=True)
     assert_same(ga, gc, dtype=dtype, accum=True)
     assert torch.axon.fallback_stats() == {}
+
+
+# Batch norm (CNNs, VAEs with BatchNorm): stream work, and in training mode its
+# running statistics are updated in place on the device, as on the CPU.
+@pytest.mark.parametrize("params", ["same_dtype", "float32"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_batch_norm_matches_cpu(dtype, training, layout, params):
+    x = make((3, 6, 4, 5), dtype, seed=11)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    pdt = dtype if params == "same_dtype" else torch.float32
+    w, b = make((6,), pdt, seed=12), make((6,), pdt, seed=13)
+    mean0 = make((6,), pdt, seed=14, low=-0.5, high=0.5)
+    var0 = make((6,), pdt, seed=15, low=0.5, high=2.0)
+    torch.axon.reset_fallback_stats()
+    results = []
+    for dev in ("cpu", "axon"):
+        xd, wd, bd = (t.to(dev).requires_grad_() for t in (x, w, b))
+        rm, rv = mean0.to(dev, copy=True), var0.to(dev, copy=True)
+        y = F.batch_norm(xd, rm, rv, wd, bd, training=training, momentum=0.3, eps=1e-4)
+        grads = torch.autograd.grad((y.float() ** 2).sum(), (xd, wd, bd))
+        stats = torch.ops.aten.native_batch_norm(xd.detach(), wd.detach(), bd.detach(), rm.clone(),
+                                                 rv.clone(), training, 0.3, 1e-4)[1:]
+        results.append((y, *grads, rm, rv, *stats))
+    for got, want in zip(results[1], results[0]):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert_same(got, want, dtype=dtype, accum=True)
+    assert results[1][0].stride() == results[0][0].stride()
+    assert torch.axon.fallback_stats() == {}
+
+
+def test_batch_norm_module_and_aten_variants_match_cpu():
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    ax = copy.deepcopy(cpu).to("axon")
+    x = torch.randn(4, 3, 9, 9)
+    torch.axon.reset_fallback_stats()
+    for step in range(3):  # training: running statistics move each step
+        yc, ya = cpu(x), ax(x.axon())
+        yc.sum().backward()
+        ya.sum().backward()
+        assert_same(ya, yc, accum=True)
+    cpu.eval(), ax.eval()
+    assert_same(ax(x.axon()), cpu(x), accum=True)
+    for pc, pa in zip(cpu.state_dict().values(), ax.state_dict().values()):
+        assert_same(pa, pc, accum=True)  # running stats, num_batches_tracked
+    for pc, pa in zip(cpu.parameters(), ax.parameters()):
+        assert_same(pa.grad, pc.grad, accum=True)
+    # The forms export and decompositions use, with the CPU's saved statistics
+    # (empty in eval mode; torch.compile's decompositions say the same on axon).
+    xa = x.axon()
+    args = lambda d: [t.to(d) for t in (torch.ones(3), torch.zeros(3), torch.zeros(3),
+                                         torch.ones(3))]
+    aten = torch.ops.aten
+    for name, call in [
+        ("legit", lambda t, w, b, m, v: aten._native_batch_norm_legit(t, w, b, m, v, True, .1, 1e-5)),
+        ("no_stats", lambda t, w, b, m, v: aten._native_batch_norm_legit.no_stats(t, w, b, True, .1, 1e-5)),
+        ("no_training", lambda t, w, b, m, v: aten._native_batch_norm_legit_no_training(t, w, b, m, v, .1, 1e-5)),
+        ("with_update", lambda t, w, b, m, v: aten._batch_norm_with_update(t, w, b, m, v, .1, 1e-5)),
+        ("no_update", lambda t, w, b, m, v: aten._batch_norm_no_update(t, w, b, m, v, .1, 1e-5)),
+    ]:
+        ac, aa = args("cpu"), args("axon")
+        want, got = call(x, *ac), call(xa, *aa)
+        assert len(got) == len(want), name
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype, name
+            assert_same(g, w, accum=True)
+        for g, w in zip(aa, ac):  # running statistics
+            assert_same(g, w, accum=True)
+    assert torch.axon.fallback_stats() == {}
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("case", ["strided", "empty_batch", "empty_plane"])
+def test_batch_norm_non_contiguous_and_zero_size(case, training):
+    x = {"strided": make((3, 12, 4, 5), torch.float32, seed=16)[:, ::2].transpose(2, 3),
+         "empty_batch": torch.randn(0, 6, 4, 5), "empty_plane": torch.randn(3, 6, 0, 5)}[case]
+    torch.axon.reset_fallback_stats()
+    results = []
+    for dev in ("cpu", "axon"):
+        rm, rv = torch.full((6,), 0.25, device=dev), torch.full((6,), 1.5, device=dev)
+        y = F.batch_norm(x.to(dev), rm, rv, training=training, momentum=0.2)
+        results.append((y, rm, rv))
+    for got, want in zip(results[1], results[0]):
+        # (Output strides: a transposed input gives a contiguous result, as on
+        # CUDA and in the Meta kernel, where the CPU follows the input's order.)
+        assert got.shape == want.shape
+        assert_same(got, want, accum=True)
+    assert torch.axon.fallback_stats() == {}

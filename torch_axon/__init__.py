@@ -38,6 +38,12 @@ def _autoload() -> None:
     distributed.install()
     integrations.install()
 
+    import atexit
+
+    from .axon._exit import release_autograd_graph_tasks
+
+    atexit.register(release_autograd_graph_tasks)
+
 
 _autoload()
 

@@ -13,7 +13,9 @@
 // arguments the way the Meta kernel did.
 //
 // An op is eligible when it returns tensors only and its returns are either
-// new tensors or the tensors it mutates (views stay with tier 1).  Ops are
+// new tensors or the tensors it mutates (views stay with tier 1); an op with
+// new results may also write arguments it does not return (batch norm's
+// running statistics), in place through their host views.  Ops are
 // registered one by one (the list at the end), so each is a deliberate
 // choice; an op whose Meta kernel is missing falls back to tier 3.
 #include <atomic>
@@ -144,10 +146,12 @@ OpPlan make_plan(const c10::FunctionSchema& schema) {
   for (const auto& r : rets) {
     if (!is_tensor_type(r.type())) return plan;  // scalars etc. need the host
   }
-  if (!mutating) {
-    for (const auto& r : rets) {
-      if (r.alias_info() != nullptr) return plan;  // a view
-    }
+  bool fresh_returns = true;  // no return aliases an argument
+  for (const auto& r : rets) fresh_returns = fresh_returns && r.alias_info() == nullptr;
+  if (!mutating || fresh_returns) {
+    if (!fresh_returns) return plan;  // a view
+    // Functional results; arguments an op also writes without returning them
+    // (batch norm's running statistics) are written through their host views.
     plan.kind = OpPlan::Kind::kFunctional;
     return plan;
   }
@@ -297,7 +301,16 @@ struct CpuWork {
   static void copy_result(const c10::IValue& result, const c10::IValue& out) {
     if (out.isTensor()) {
       const at::Tensor& o = out.toTensor();
-      if (o.defined() && o.numel() > 0) const_cast<at::Tensor&>(o).copy_(result.toTensor());
+      if (!o.defined() || o.numel() == 0) return;
+      const at::Tensor& r = result.toTensor();
+      // Batch norm in eval mode: the CPU kernel returns empty saved statistics
+      // where the Meta kernel, like CUDA's, sizes them per channel (and
+      // batch_norm_kernel then returns empty ones).
+      if (!r.defined() || r.numel() == 0) {
+        const_cast<at::Tensor&>(o).zero_();
+      } else {
+        const_cast<at::Tensor&>(o).copy_(r);
+      }
     } else if (out.isTensorList()) {
       auto r = result.toTensorList();
       auto o = out.toTensorList();
@@ -479,7 +492,46 @@ void group_norm_backward_kernel(const c10::OperatorHandle& op, torch::jit::Stack
   }
 }
 
+// Batch norm's forms by the generic kernel, with the CPU's saved statistics
+// (what eager axon returned through the fallback before, and what
+// torch_axon.integrations.torch_compile makes the decompositions say): per
+// channel in training, empty in eval mode, in the parameters' dtype when it
+// differs from the input's (float32 parameters of 16-bit activations), else
+// in the input's.  The Meta kernel, like CUDA's, sizes them per channel in
+// float32 whatever the mode; the results are put right after the launch.
+void batch_norm_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  const size_t base = stack->size() - num_args;
+  const at::Tensor input = (*stack)[base].toTensor();
+  bool training = schema.name() == "aten::_batch_norm_with_update";
+  c10::ScalarType stats = input.scalar_type();
+  for (size_t i = 1; i < num_args; ++i) {
+    const c10::Argument& arg = schema.arguments()[i];
+    const c10::IValue& v = (*stack)[base + i];
+    if (arg.name() == "training") training = v.toBool();
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() != stats) {
+      stats = v.toTensor().scalar_type();
+    }
+  }
+  async_kernel(op, stack);
+  const size_t first = stack->size() - schema.returns().size();
+  for (size_t r : {first + 1, first + 2}) {
+    at::Tensor t = (*stack)[r].toTensor();
+    if (!training) {
+      (*stack)[r] = emptyDevice({0}, stats, t.device().index());
+    } else if (t.scalar_type() != stats) {
+      (*stack)[r] = t.to(stats);
+    }
+  }
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* op : {"native_batch_norm", "_native_batch_norm_legit",
+                         "_native_batch_norm_legit.no_stats", "_native_batch_norm_legit_no_training",
+                         "_batch_norm_with_update", "_batch_norm_no_update"}) {
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&batch_norm_kernel>());
+  }
   m.impl("native_group_norm", torch::CppFunction::makeFromBoxedFunction<&group_norm_kernel>());
   m.impl("native_group_norm_backward",
          torch::CppFunction::makeFromBoxedFunction<&group_norm_backward_kernel>());
@@ -539,6 +591,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "polar.out", "complex.out", "linalg_cross.out", 
            "binary_cross_entropy", "binary_cross_entropy_backward", "mse_loss.out",
            "mse_loss_backward.grad_input", "smooth_l1_loss.out", "huber_loss.out",
+           // batch norm's backwards (the forwards: batch_norm_kernel)
+           "native_batch_norm_backward", "batch_norm_backward",
            // their functional forms (ATen has no composite of them for other backends;
            // mse_loss is the loss of diffusion training)
            "mse_loss", "mse_loss_backward", "smooth_l1_loss", "smooth_l1_loss_backward.grad_input",

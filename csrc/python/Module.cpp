@@ -1,7 +1,10 @@
 // torch_axon._C: the few entry points Python needs beyond what PyTorch's
 // generic APIs (torch.accelerator, torch.Stream, torch.Event) already reach
 // through the guard, hooks and allocator.
+#include <c10/core/InferenceMode.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "../core/StreamWork.h"
@@ -91,6 +94,18 @@ PYBIND11_MODULE(_C, m) {
   m.def("_num_device_allocs", [](int d) {
     return numDeviceAllocs(static_cast<c10::DeviceIndex>(d));
   });
+  // One backward pass through a node on device d's autograd thread, made of
+  // tensors without Python objects (see torch_axon/axon/_exit.py): when it
+  // returns, that thread has released every earlier pass; its own pass holds
+  // nothing whose release needs the GIL.  The GIL is released meanwhile, so
+  // the thread can drop an earlier pass's Python objects.
+  m.def("_autograd_turnover", [](int d) {
+    const c10::Device device(kAxon, static_cast<c10::DeviceIndex>(d));
+    c10::InferenceMode no_inference(false);
+    torch::autograd::AutoGradMode grad(true);
+    at::Tensor x = at::zeros({}, at::TensorOptions().device(device)).requires_grad_(true);
+    torch::autograd::backward({x.mul(2)}, {at::ones({}, at::TensorOptions().device(device))});
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("_test_inject_async_error", &inject_async_error);
   m.def("_test_sleep_on_stream", &sleep_on_stream);
   initInductorBindings(m);

@@ -60,8 +60,9 @@ def batch_norm_statistics_like_cpu(decompositions) -> None:
     traces with) give the saved statistics CUDA's shapes on every device but
     "cpu": in eval mode ``save_mean``/``save_rstd`` are the running statistics
     rather than empty tensors.  axon's batch norm is the CPU kernel, which
-    returns empty tensors in eval mode and statistics in the input's dtype; the
-    wrapper makes the decomposition say the same for axon inputs.
+    returns empty tensors in eval mode and statistics in the input's dtype (the
+    parameters' when they differ); the wrapper makes the decomposition say the
+    same for axon inputs.
     """
     original = decompositions.native_batch_norm_helper
     if getattr(original, "_axon_patch", False):
@@ -75,10 +76,13 @@ def batch_norm_statistics_like_cpu(decompositions) -> None:
         if input.device.type != "axon":
             return out
         output, save_mean, save_rstd, new_mean, new_var = out
+        # The CPU kernel's dtype: the parameters' when they differ from the
+        # input's (float32 parameters of 16-bit activations), else the input's.
+        dtype = next((t.dtype for t in (weight, bias, running_mean, running_var)
+                      if t is not None and t.dtype != input.dtype), input.dtype)
         if not training:
             save_mean, save_rstd = input.new_zeros((0,)), input.new_zeros((0,))
-        return (output, save_mean.to(dtype=input.dtype), save_rstd.to(dtype=input.dtype),
-                new_mean, new_var)
+        return (output, save_mean.to(dtype=dtype), save_rstd.to(dtype=dtype), new_mean, new_var)
 
     native_batch_norm_helper._axon_patch = True
     decompositions.native_batch_norm_helper = native_batch_norm_helper
