@@ -1,0 +1,194 @@
+"""Ops the generic stream kernel runs since an OpInfo sweep of the fallback
+(2026-11-30): dot products and reductions, elementwise and special functions,
+1-D and 3-D pooling, upsampling and padding, more losses. Each runs as stream
+work (no fallback), equal to the CPU, contiguous and on a non-contiguous input,
+in float32 and bfloat16; where the CPU has no bfloat16 kernel, axon raises too.
+Differentiable ones are checked backward as well.
+
+(The sweep itself, not part of the suite: every op of PyTorch's op_db on its
+first sample inputs, forward in float32/bfloat16/float16 and backward in
+float32, compared with the CPU; what is left in the fallback is linear algebra
+(LAPACK errors stay synchronous), data-dependent shapes (unique, histogram,
+segment_reduce), index-checking ops (take, put_, index_reduce, max_unpool),
+embedding_bag, and ops without Meta kernels (_logcumsumexp, cummax/cummin,
+the margin losses' and CTC's backwards).)
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import assert_same, make
+
+# name: (function of the inputs, input shapes, value range, differentiable)
+POS = (0.2, 3.0)
+OPS = {
+    "dot": (lambda a, b: torch.dot(a, b), [(7,), (7,)], None, True),
+    "vdot": (lambda a, b: torch.vdot(a, b), [(7,), (7,)], None, True),
+    "trace": (lambda a: torch.trace(a), [(5, 5)], None, True),
+    "addmv": (lambda b, m, v: torch.addmv(b, m, v, beta=0.5, alpha=2), [(4,), (4, 6), (6,)],
+              None, True),
+    "addbmm": (lambda m, a, b: torch.addbmm(m, a, b), [(3, 5), (2, 3, 4), (2, 4, 5)], None, True),
+    "rsub_tensor": (lambda a, b: torch.rsub(a, b, alpha=2), [(4, 6), (4, 6)], None, True),
+    "rsub_scalar": (lambda a: 1.5 - a, [(4, 6)], None, True),
+    "nansum": (lambda a: torch.nansum(torch.where(a > 2, float("nan"), a), dim=1), [(4, 6)],
+               None, True),
+    "count_nonzero": (lambda a: torch.count_nonzero(a > 0.5, dim=1), [(4, 6)], None, False),
+    "renorm": (lambda a: torch.renorm(a, 2, 0, 1.5), [(4, 6)], None, True),
+    "hardtanh": (lambda a: F.hardtanh(a, -1.0, 2.0), [(4, 6)], None, True),
+    "hardtanh_": (lambda a: F.hardtanh(a.clone(), -1.0, 2.0, inplace=True), [(4, 6)], None,
+                  True),
+    "relu6": (lambda a: F.relu6(a), [(4, 6)], None, True),
+    "logit": (lambda a: torch.logit(a, eps=1e-3), [(4, 6)], (0.01, 0.99), True),
+    "erfc": (lambda a: torch.erfc(a), [(4, 6)], None, True),
+    "sinc": (lambda a: torch.sinc(a), [(4, 6)], None, True),
+    "threshold": (lambda a: F.threshold(a, 0.3, -2.0), [(4, 6)], None, True),
+    "round_decimals": (lambda a: torch.round(a * 10, decimals=1), [(4, 6)], None, False),
+    "logaddexp": (lambda a, b: torch.logaddexp(a, b), [(4, 6), (4, 6)], None, True),
+    "logaddexp2": (lambda a, b: torch.logaddexp2(a, b), [(4, 6), (4, 6)], None, True),
+    "fmax": (lambda a, b: torch.fmax(a, b), [(4, 6), (4, 6)], None, True),
+    "fmin": (lambda a, b: torch.fmin(a, b), [(4, 6), (4, 6)], None, True),
+    "hardshrink": (lambda a: F.hardshrink(a, 0.7), [(4, 6)], None, True),
+    "softshrink": (lambda a: F.softshrink(a, 0.7), [(4, 6)], None, True),
+    "frexp": (lambda a: torch.frexp(a), [(4, 6)], None, False),
+    "i0": (lambda a: torch.i0(a), [(4, 6)], None, True),
+    "i1": (lambda a: torch.special.i1(a), [(4, 6)], None, True),
+    "nextafter": (lambda a, b: torch.nextafter(a, b), [(4, 6), (4, 6)], None, False),
+    "igamma": (lambda a, b: torch.igamma(a, b), [(4, 6), (4, 6)], POS, False),
+    "igammac": (lambda a, b: torch.igammac(a, b), [(4, 6), (4, 6)], POS, False),
+    "polygamma": (lambda a: torch.polygamma(1, a), [(4, 6)], POS, True),
+    "angle": (lambda a: torch.angle(a), [(4, 6)], None, False),
+    "median": (lambda a: torch.median(a), [(4, 6)], None, True),
+    "nanmedian": (lambda a: torch.nanmedian(torch.where(a > 2, float("nan"), a)), [(4, 6)],
+                  None, True),
+    "nanmedian_dim": (lambda a: torch.nanmedian(a, dim=1), [(4, 6)], None, True),
+    "nonzero_static": (lambda a: torch.nonzero_static(a > 0, size=30), [(4, 6)], None, False),
+    "prelu": (lambda a, w: F.prelu(a, w), [(2, 3, 4, 5), (3,)], None, True),
+    "rrelu_eval": (lambda a: F.rrelu(a, training=False), [(4, 6)], None, True),
+    "adaptive_avg_pool2d": (lambda a: F.adaptive_avg_pool2d(a, (3, 2)), [(2, 3, 7, 6)], None,
+                            True),
+    "adaptive_max_pool2d": (lambda a: F.adaptive_max_pool2d(a, (3, 2)), [(2, 3, 7, 6)], None,
+                            True),
+    "adaptive_avg_pool3d": (lambda a: F.adaptive_avg_pool3d(a, 2), [(1, 2, 5, 4, 6)], None,
+                            True),
+    "adaptive_max_pool3d": (lambda a: F.adaptive_max_pool3d(a, 2), [(1, 2, 5, 4, 6)], None,
+                            True),
+    "avg_pool3d": (lambda a: F.avg_pool3d(a, 2), [(1, 2, 4, 4, 6)], None, True),
+    "max_pool3d": (lambda a: F.max_pool3d(a, 2), [(1, 2, 4, 4, 6)], None, True),
+    "fractional_max_pool2d": (
+        lambda a: F.fractional_max_pool2d(a, 2, output_size=(3, 3), _random_samples=torch.full(
+            (2, 3, 2), 0.3, dtype=a.dtype, device=a.device)), [(2, 3, 7, 8)], None, True),
+    "nearest1d": (lambda a: F.interpolate(a, scale_factor=2, mode="nearest"), [(2, 3, 5)],
+                  None, True),
+    "linear1d": (lambda a: F.interpolate(a, size=9, mode="linear"), [(2, 3, 5)], None, True),
+    "nearest_exact1d": (lambda a: F.interpolate(a, size=8, mode="nearest-exact"), [(2, 3, 5)],
+                        None, True),
+    "nearest_exact2d": (lambda a: F.interpolate(a, size=(7, 9), mode="nearest-exact"),
+                        [(2, 3, 4, 5)], None, True),
+    "bilinear_aa": (lambda a: F.interpolate(a, size=(3, 4), mode="bilinear", antialias=True),
+                    [(2, 3, 7, 9)], None, True),
+    "nearest3d": (lambda a: F.interpolate(a, scale_factor=2, mode="nearest"), [(1, 2, 3, 3, 4)],
+                  None, True),
+    "trilinear": (lambda a: F.interpolate(a, size=(4, 5, 6), mode="trilinear"),
+                  [(1, 2, 3, 3, 4)], None, True),
+    "reflect_pad1d": (lambda a: F.pad(a, (2, 1), mode="reflect"), [(2, 3, 5)], None, True),
+    "replicate_pad1d": (lambda a: F.pad(a, (2, 1), mode="replicate"), [(2, 3, 5)], None, True),
+    "reflect_pad3d": (lambda a: F.pad(a, (1, 1, 2, 1, 1, 0), mode="reflect"),
+                      [(1, 2, 3, 4, 5)], None, True),
+    "replicate_pad3d": (lambda a: F.pad(a, (1, 1, 2, 1, 1, 0), mode="replicate"),
+                        [(1, 2, 3, 4, 5)], None, True),
+    "grid_sample3d": (lambda a: F.grid_sample(a, torch.linspace(
+        -0.9, 0.9, 1 * 2 * 3 * 2 * 3, dtype=a.dtype).view(1, 2, 3, 2, 3).to(a.device),
+        align_corners=False), [(1, 2, 3, 4, 5)], None, True),
+    "channel_shuffle": (lambda a: F.channel_shuffle(a, 2), [(2, 4, 3, 3)], None, False),
+    "pdist": (lambda a: F.pdist(a), [(5, 4)], None, True),
+    "nll_loss2d": (lambda a: F.nll_loss(F.log_softmax(a, 1), torch.tensor(
+        [[[0, 1, 2], [2, 1, 0]]]).expand(2, 2, 3).to(a.device)), [(2, 3, 2, 3)], None, True),
+    # forward only: their backwards have no Meta kernel and stay in the fallback
+    "multi_margin_loss": (lambda a: F.multi_margin_loss(a, torch.tensor(
+        [1, 0, 3, 2]).to(a.device)), [(4, 6)], None, False),
+    "multilabel_margin_loss": (lambda a: F.multilabel_margin_loss(a, torch.tensor(
+        [[1, 0, -1, 0, 0, 0]] * 4).to(a.device)), [(4, 6)], None, False),
+}
+
+
+def inputs(shapes, rng, dtype, strided, device):
+    """The inputs on device; strided: every one a view of every other element
+    of a wider tensor made on the device (the same values on both devices)."""
+    low, high = rng or (-3.0, 3.0)
+    out = []
+    for i, shape in enumerate(shapes):
+        if strided:
+            wide = shape[:-1] + (2 * shape[-1],)
+            out.append(make(wide, dtype, low, high, seed=10 + i).to(device)[..., ::2])
+        else:
+            out.append(make(shape, dtype, low, high, seed=10 + i).to(device))
+    return out
+
+
+def floats(x):
+    return [t for t in (x if isinstance(x, (tuple, list)) else [x])
+            if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(OPS))
+def test_stream_op_matches_cpu(name, dtype, strided):
+    fn, shapes, rng, grad = OPS[name]
+    cpu_in = inputs(shapes, rng, dtype, strided, "cpu")
+    ax_in = inputs(shapes, rng, dtype, strided, "axon")
+    if strided:
+        assert not any(t.is_contiguous() for t in ax_in)
+    try:
+        want = fn(*cpu_in)
+    except (RuntimeError, NotImplementedError) as e:
+        # No kernel for this dtype on the CPU: axon says the same.
+        with pytest.raises(type(e), match=str(e).split("\n")[0][:40].replace("(", r"\(")
+                           .replace(")", r"\)").replace("'", ".")):
+            fn(*ax_in)
+        return
+    torch.axon.reset_fallback_stats()
+    got = fn(*ax_in)
+    assert_same(got, want, dtype=dtype, accum=True)
+    if grad:
+        leaves_c = [t.detach().requires_grad_() for t in cpu_in]
+        leaves_a = [t.detach().requires_grad_() for t in ax_in]
+        outs_c, outs_a = floats(fn(*leaves_c)), floats(fn(*leaves_a))
+        try:
+            gc = torch.autograd.grad(sum((o.float() ** 2).sum() for o in outs_c), leaves_c)
+        except NotImplementedError as e:  # i1's backward in bfloat16: as on the CPU
+            with pytest.raises(NotImplementedError, match=str(e)[:20]):
+                torch.autograd.grad(sum((o.float() ** 2).sum() for o in outs_a), leaves_a)
+        else:
+            ga = torch.autograd.grad(sum((o.float() ** 2).sum() for o in outs_a), leaves_a)
+            for a, c in zip(ga, gc):
+                assert_same(a, c, dtype=dtype, accum=True)
+    assert torch.axon.fallback_stats() == {}
+
+
+@pytest.mark.parametrize("name", ["trace", "hardtanh", "logaddexp", "adaptive_avg_pool2d",
+                                  "nearest1d", "reflect_pad3d", "rsub_scalar"])
+def test_stream_op_zero_size(name):
+    fn, shapes, rng, _ = OPS[name]
+    zero = [(0,) + s[1:] if len(s) > 2 or name == "trace" else s[:-1] + (0,) for s in shapes]
+    if name == "trace":
+        zero = [(0, 0)]
+    cpu_in = [make(s, torch.float32, seed=3) for s in zero]
+    torch.axon.reset_fallback_stats()
+    assert_same(fn(*[t.axon() for t in cpu_in]), fn(*cpu_in))
+    assert torch.axon.fallback_stats() == {}
+
+
+def test_ctc_loss_forward_matches_cpu():
+    """CTC loss (speech fine-tuning) runs as stream work forward (its backward
+    has no Meta kernel and stays in the fallback)."""
+    log_probs = make((12, 2, 5), torch.float32, seed=7).log_softmax(2)
+    targets = torch.tensor([[1, 2, 2, 3], [4, 1, 0, 0]])
+    lengths = (torch.tensor([12, 10]), torch.tensor([4, 2]))
+    torch.axon.reset_fallback_stats()
+    for reduction in ("mean", "sum", "none"):
+        want = F.ctc_loss(log_probs, targets, *lengths, reduction=reduction)
+        got = F.ctc_loss(log_probs.axon(), targets.axon(), *lengths, reduction=reduction)
+        assert_same(got, want, accum=True)
+    assert torch.axon.fallback_stats() == {}
