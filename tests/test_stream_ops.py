@@ -1,13 +1,15 @@
 """Ops the generic stream kernel runs since an OpInfo sweep of the fallback
-(2026-11-30): dot products and reductions, elementwise and special functions,
-1-D and 3-D pooling, upsampling and padding, more losses. Each runs as stream
+(2026-11-30): dot products and reductions, elementwise and special functions
+(torch.special's Bessel functions and orthogonal polynomials), 1-D and 3-D
+pooling, upsampling and padding, more losses, FFTs, gcd/lcm. Each runs as stream
 work (no fallback), equal to the CPU, contiguous and on a non-contiguous input,
 in float32 and bfloat16; where the CPU has no bfloat16 kernel, axon raises too.
 Differentiable ones are checked backward as well.
 
 (The sweep itself, not part of the suite: every op of PyTorch's op_db on its
-first sample inputs, forward in float32/bfloat16/float16 and backward in
-float32, compared with the CPU; what is left in the fallback is linear algebra
+first sample inputs, forward in float32/bfloat16/float16/int64/complex64
+and backward in float32, compared with the CPU; it also found the fallback
+dropping a kernel's conjugate bit, tested last here; what is left in the fallback is linear algebra
 (LAPACK errors stay synchronous), data-dependent shapes (unique, histogram,
 segment_reduce), index-checking ops (take, put_, index_reduce, max_unpool),
 embedding_bag, and ops without Meta kernels (_logcumsumexp, cummax/cummin,
@@ -104,6 +106,19 @@ OPS = {
     "pdist": (lambda a: F.pdist(a), [(5, 4)], None, True),
     "nll_loss2d": (lambda a: F.nll_loss(F.log_softmax(a, 1), torch.tensor(
         [[[0, 1, 2], [2, 1, 0]]]).expand(2, 2, 3).to(a.device)), [(2, 3, 2, 3)], None, True),
+    "i0e": (lambda a: torch.special.i0e(a), [(4, 6)], None, True),
+    "i1e": (lambda a: torch.special.i1e(a), [(4, 6)], None, True),
+    "entr": (lambda a: torch.special.entr(a), [(4, 6)], None, True),
+    "erfcx": (lambda a: torch.special.erfcx(a), [(4, 6)], None, True),
+    "log_ndtr": (lambda a: torch.special.log_ndtr(a), [(4, 6)], None, True),
+    "ndtri": (lambda a: torch.special.ndtri(a), [(4, 6)], (0.01, 0.99), True),
+    "xlog1py": (lambda a, b: torch.special.xlog1py(a, b), [(4, 6), (4, 6)], POS, True),
+    "zeta": (lambda a, b: torch.special.zeta(a + 1, b), [(4, 6), (4, 6)], POS, False),
+    "bessel_j0": (lambda a: torch.special.bessel_j0(a), [(4, 6)], None, False),
+    "modified_bessel_k1": (lambda a: torch.special.modified_bessel_k1(a), [(4, 6)], POS, False),
+    "chebyshev_t": (lambda a: torch.special.chebyshev_polynomial_t(a, 3), [(4, 6)], (-1, 1),
+                    False),
+    "hermite_h": (lambda a: torch.special.hermite_polynomial_h(a, 4), [(4, 6)], None, False),
     # forward only: their backwards have no Meta kernel and stay in the fallback
     "multi_margin_loss": (lambda a: F.multi_margin_loss(a, torch.tensor(
         [1, 0, 3, 2]).to(a.device)), [(4, 6)], None, False),
@@ -192,3 +207,40 @@ def test_ctc_loss_forward_matches_cpu():
         got = F.ctc_loss(log_probs.axon(), targets.axon(), *lengths, reduction=reduction)
         assert_same(got, want, accum=True)
     assert torch.axon.fallback_stats() == {}
+
+
+def test_integer_fft_and_embedding_ops_match_cpu():
+    """gcd/lcm on integers, FFTs (complex results), embedding max_norm renorm."""
+    a, b = make((4, 6), torch.int64, 1, 60, seed=1), make((4, 6), torch.int64, 1, 60, seed=2)
+    x = make((4, 8), torch.float32, seed=3)
+    torch.axon.reset_fallback_stats()
+    assert_same(torch.gcd(a.axon(), b.axon()), torch.gcd(a, b))
+    assert_same(torch.lcm(a.axon()[:, ::2], b.axon()[:, ::2]), torch.lcm(a[:, ::2], b[:, ::2]))
+    assert_same(torch.fft.rfft(x.axon()), torch.fft.rfft(x), accum=True)
+    assert_same(torch.fft.fft(x.axon().to(torch.complex64)), torch.fft.fft(x.to(torch.complex64)),
+                accum=True)
+    spec = torch.fft.rfft(x)
+    assert_same(torch.fft.irfft(spec.axon(), n=8), torch.fft.irfft(spec, n=8), accum=True)
+    weights = make((10, 4), torch.float32, seed=4)
+    ids = torch.tensor([[1, 3, 3], [7, 0, 9]])
+    wc, wa = weights.clone(), weights.axon()
+    assert_same(F.embedding(ids.axon(), wa, max_norm=1.0), F.embedding(ids, wc, max_norm=1.0))
+    assert_same(wa, wc)  # rows looked up renormalised in place
+    assert torch.axon.fallback_stats() == {}
+
+
+def test_fallback_keeps_a_kernels_conjugate_bit():
+    """linalg.lu_solve(left=False) returns X^H by flipping its out's conjugate
+    bit (it stays in the fallback, which carried back sizes and strides but
+    not that bit: the result was the conjugate of the right one)."""
+    A = make((3, 3), torch.float32, seed=5) + 1j * make((3, 3), torch.float32, seed=6)
+    B = make((4, 3), torch.float32, seed=7) + 1j * make((4, 3), torch.float32, seed=8)
+    LU, piv = torch.linalg.lu_factor(A)
+    for adjoint in (False, True):
+        want = torch.linalg.lu_solve(LU, piv, B, left=False, adjoint=adjoint)
+        got = torch.linalg.lu_solve(LU.axon(), piv.axon(), B.axon(), left=False, adjoint=adjoint)
+        assert got.is_conj() == want.is_conj()
+        assert_same(got, want, accum=True)
+        # and it solves X A = B (X A^H = B): checked without lu_solve
+        lhs = got.cpu() @ (A.mH if adjoint else A)
+        torch.testing.assert_close(lhs.resolve_conj(), B, rtol=1e-4, atol=1e-4)

@@ -189,11 +189,14 @@ class Fallback {
     }
   }
 
-  // A kernel may resize an out= tensor, or restride an in-place one: carry
-  // that back to the axon tensor.
+  // A kernel may resize an out= tensor, or restride an in-place one, or flip
+  // its conjugate bit (linalg_lu_solve with left=False returns X^H by setting
+  // out's conj bit): carry that back to the axon tensor.
   void sync_mutated() {
     for (auto& [h, t] : mutated_) {
       c10::TensorImpl* timpl = t.unsafeGetTensorImpl();
+      if (h.is_conj() != t.is_conj()) timpl->_set_conj(h.is_conj());
+      if (h.is_neg() != t.is_neg()) timpl->_set_neg(h.is_neg());
       if (h.storage().data() == t.storage().data() &&
           h.storage().nbytes() == t.storage().nbytes()) {
         if (h.sizes() != t.sizes() || h.strides() != t.strides() ||
