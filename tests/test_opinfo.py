@@ -1,6 +1,6 @@
 """Every op of PyTorch's own op database (``op_db``, the OpInfo entries PyTorch
 tests its devices with) on axon against the CPU: the first sample inputs of
-each op, forward in float32, bfloat16, int64 and complex64 and backward in
+each op, forward in float32, bfloat16, float16, int64 and complex64 and backward in
 float32. Inputs are moved to axon with their layout (a view of a base tensor
 stays such a view), so non-contiguous, expanded and zero-size samples are
 covered as op_db makes them.
@@ -9,7 +9,7 @@ Found on 2026-11-30 when it was written: ``_batch_norm_no_update`` raising on
 axon, complex ``linalg.lu_solve(left=False)`` returning the conjugate of the
 answer, and ~120 ops going through the synchronous CPU fallback.
 
-bfloat16 results may differ from the CPU's by more than bfloat16's tolerance
+bfloat16 and float16 results may differ from the CPU's by more than their tolerance
 where both round differently (log_softmax of large values, losses summed in
 another order): such a result passes if it is at most twice as far from a
 float64 computation as the CPU's.
@@ -176,7 +176,8 @@ def check_backward(op):
                 torch.testing.assert_close(g.cpu(), w, rtol=1e-3, atol=1e-3, equal_nan=True)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.complex64],
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64,
+                                   torch.complex64],
                          ids=str)
 def test_op_db_forward_matches_cpu(op_db, dtype):
     failures = []
