@@ -1,7 +1,7 @@
 """Every op of PyTorch's own op database (``op_db``, the OpInfo entries PyTorch
 tests its devices with) on axon against the CPU: the first sample inputs of
-each op, forward in float32, bfloat16, float16, int64 and complex64 and backward in
-float32. Inputs are moved to axon with their layout (a view of a base tensor
+each op, forward in float32, bfloat16, float16, int64 and complex64, backward in
+float32, and the out= and in-place variants in float32 and bfloat16. Inputs are moved to axon with their layout (a view of a base tensor
 stays such a view), so non-contiguous, expanded and zero-size samples are
 covered as op_db makes them.
 
@@ -204,3 +204,59 @@ def test_op_db_backward_matches_cpu(op_db):
             failures.append(f"{op.name}.{op.variant_test_name}: {type(e).__name__}: "
                             f"{str(e).splitlines()[0][:200] if str(e) else ''}")
     assert not failures, f"{len(failures)} ops' gradients differ:\n" + "\n".join(failures)
+
+
+def check_out_and_inplace(op, dtype):
+    """op(..., out=) into a zero-filled tensor of the result's layout, and the
+    in-place variant on a copy of the input, equal to the same on the CPU.
+    (Zero-filled: torch.fft.ihfftn with one dim leaves out= unwritten, on the
+    CPU too.)"""
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for sample in list(op.sample_inputs("cpu", dtype))[:SAMPLES]:
+        if sample.kwargs.get("dropout_p", 0) > 0:
+            continue
+        inp, args, kw = sample_args(op, sample, "axon")
+        if op.supports_out:
+            try:
+                want = op(sample.input, *sample.args, **sample.kwargs)
+                assert isinstance(want, torch.Tensor)
+                out_c = torch.zeros_like(want)
+                op(sample.input, *sample.args, **sample.kwargs, out=out_c)
+            except Exception:  # no out= form for this call
+                pass
+            else:
+                out_a = torch.zeros_like(want).to("axon")
+                op(inp, *args, **kw, out=out_a)
+                assert out_a.stride() == out_c.stride()
+                close_or_as_accurate(op, sample, out_a, out_c, dtype, tol)
+        if op.inplace_variant is not None and isinstance(sample.input, torch.Tensor):
+            try:
+                self_c = sample.input.clone()
+                op.inplace_variant(self_c, *sample.args, **sample.kwargs)
+            except Exception:  # not in place for this dtype or shape
+                continue
+            self_a = inp.clone()
+            op.inplace_variant(self_a, *args, **kw)
+            close_or_as_accurate(op, sample, self_a, self_c, dtype, tol)
+
+
+def close_or_as_accurate(op, sample, got, want, dtype, tol):
+    try:
+        torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol, equal_nan=True)
+    except AssertionError:
+        if dtype == torch.float32 or far_from_float64(op, sample, got, want):
+            raise
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_op_db_out_and_inplace_variants_match_cpu(op_db, dtype):
+    failures = []
+    for op in op_db:
+        if dtype not in op.supported_dtypes("cpu"):
+            continue
+        try:
+            check_out_and_inplace(op, dtype)
+        except Exception as e:
+            failures.append(f"{op.name}.{op.variant_test_name}: {type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200] if str(e) else ''}")
+    assert not failures, f"{len(failures)} ops differ from the CPU:\n" + "\n".join(failures)
