@@ -260,3 +260,61 @@ def test_op_db_out_and_inplace_variants_match_cpu(op_db, dtype):
             failures.append(f"{op.name}.{op.variant_test_name}: {type(e).__name__}: "
                             f"{str(e).splitlines()[0][:200] if str(e) else ''}")
     assert not failures, f"{len(failures)} ops differ from the CPU:\n" + "\n".join(failures)
+
+
+def test_module_db_forward_backward_match_cpu():
+    """PyTorch's module database (``module_db``: every nn module with sample
+    constructor and forward inputs): the module copied to axon gives the CPU's
+    outputs and parameter gradients, float32, training mode. (It found nn.LSTM
+    and nn.GRU raising on axon.)"""
+    import copy
+
+    from torch.testing._internal.common_modules import module_db
+
+    failures, ran = [], 0
+    for info in module_db:
+        try:
+            samples = info.module_inputs_func(info, device="cpu", dtype=torch.float32,
+                                              requires_grad=True, training=True)[:3]
+        except Exception:  # no float32 samples for this module
+            continue
+        for sample in samples:
+            ctor, fwd = sample.constructor_input, sample.forward_input
+            try:
+                torch.manual_seed(0)
+                cpu = info.module_cls(*ctor.args, **ctor.kwargs)
+                out_c = cpu(*fwd.args, **fwd.kwargs)
+                loss_c = [t for t in tree_leaves(out_c)
+                          if isinstance(t, torch.Tensor) and t.requires_grad]
+                if loss_c:
+                    sum((t.float() ** 2).sum() for t in loss_c).backward()
+            except Exception:  # the CPU refuses this sample (or it is random)
+                continue
+            if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) or "RReLU" in type(m).__name__
+                   for m in cpu.modules()):
+                continue  # random in training mode
+            ran += 1
+            try:
+                ax = copy.deepcopy(cpu).to("axon")
+                for p in ax.parameters():
+                    p.grad = None
+                out_a = ax(*to_device(fwd.args, "axon"), **to_device(fwd.kwargs, "axon"))
+                for w, g in zip(tree_leaves(out_c), tree_leaves(out_a)):
+                    if isinstance(w, torch.Tensor):
+                        assert g.device.type == "axon"
+                        torch.testing.assert_close(g.cpu(), w.detach(), rtol=1e-4, atol=1e-4,
+                                                   equal_nan=True)
+                loss_a = [t for t in tree_leaves(out_a)
+                          if isinstance(t, torch.Tensor) and t.requires_grad]
+                if loss_a:
+                    sum((t.float() ** 2).sum() for t in loss_a).backward()
+                for (name, pc), pa in zip(cpu.named_parameters(), ax.parameters()):
+                    if pc.grad is not None:
+                        torch.testing.assert_close(pa.grad.cpu(), pc.grad, rtol=1e-3, atol=1e-3,
+                                                   equal_nan=True, msg=name)
+            except Exception as e:
+                failures.append(f"{info.module_cls.__name__}: {type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:200] if str(e) else ''}")
+                break
+    assert ran > 100
+    assert not failures, f"{len(failures)} modules differ:\n" + "\n".join(failures)
