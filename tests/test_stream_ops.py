@@ -121,6 +121,10 @@ OPS = {
     "chebyshev_t": (lambda a: torch.special.chebyshev_polynomial_t(a, 3), [(4, 6)], (-1, 1),
                     False),
     "hermite_h": (lambda a: torch.special.hermite_polynomial_h(a, 4), [(4, 6)], None, False),
+    "weight_norm": (lambda v, g: torch._weight_norm(v, g, 0), [(6, 4, 3), (6, 1, 1)], None,
+                    True),
+    "weight_norm_dim2": (lambda v, g: torch._weight_norm(v, g, 2), [(6, 4, 3), (1, 1, 3)], None,
+                         True),
     # forward only: their backwards have no Meta kernel and stay in the fallback
     "multi_margin_loss": (lambda a: F.multi_margin_loss(a, torch.tensor(
         [1, 0, 3, 2]).to(a.device)), [(4, 6)], None, False),

@@ -647,6 +647,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "special_hermite_polynomial_h.out", "special_hermite_polynomial_he.out",
            "special_laguerre_polynomial_l.out", "special_legendre_polynomial_p.out",
            "gcd.out", "lcm.out", "conj_physical.out", "embedding_renorm_",
+           // weight norm (Wav2Vec2's positional convolution)
+           "_weight_norm_interface", "_weight_norm_interface_backward",
            "_fft_r2c", "_fft_c2c", "_fft_c2r",
            // random ops: numbers reserved from the axon generator at launch
            "bernoulli_.float", "bernoulli_.Tensor", "bernoulli.out", "uniform_", "normal_",
