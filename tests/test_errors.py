@@ -278,24 +278,24 @@ def test_pin_memory_of_axon_tensor_is_rejected():
 
 
 # ---------------------------------------------------------------- CPU fallback
-# (logcumsumexp and cummax: ops with no axon kernel)
+# (take and unique_consecutive: ops left in the fallback, see docs/ARCHITECTURE.md)
 
 def test_fallback_stats_count_ops():
-    # (CPU kernels without Meta kernels: the generic stream kernel cannot take them.)
     x = torch.ones(4, device="axon")
+    idx = torch.tensor([0, 2], device="axon")
     torch.axon.reset_fallback_stats()
     assert torch.axon.fallback_stats() == {}
-    x.logcumsumexp(0)
+    x.take(idx)
     stats = torch.axon.fallback_stats()
     assert list(stats.values()) == [1]
     (name,) = stats
-    assert name.startswith("aten::_logcumsumexp")
-    x.logcumsumexp(0)
-    torch.logcumsumexp(x, 0)
-    x.cummax(0)
+    assert name.startswith("aten::take")
+    x.take(idx)
+    torch.take(x, idx)
+    x.unique_consecutive()
     stats = torch.axon.fallback_stats()
     assert stats[name] == 3
-    assert sum(v for k, v in stats.items() if k.startswith("aten::_cummax")) == 1
+    assert sum(v for k, v in stats.items() if k.startswith("aten::unique_consecutive")) == 1
     assert torch_axon_exports_same_function()
     torch.axon.reset_fallback_stats()
     assert torch.axon.fallback_stats() == {}
@@ -333,8 +333,9 @@ def test_fallback_warn_env_warns_once_per_op():
         x = torch.ones(4, device="axon")
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            x.logcumsumexp(0); x.logcumsumexp(0); torch.logcumsumexp(x, 0)
-            x.cummax(0); x.cummax(0)
+            i = torch.tensor([0, 2], device="axon")
+            x.take(i); x.take(i); torch.take(x, i)
+            x.unique_consecutive(); x.unique_consecutive()
         msgs = [str(m.message) for m in w if "fallback" in str(m.message)]
         print(len(msgs))
         for m in msgs: print(m.splitlines()[0])
@@ -342,9 +343,9 @@ def test_fallback_warn_env_warns_once_per_op():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert lines[0] == "2", lines
-    assert any("aten::_logcumsumexp" in m and "has no axon kernel" in m and "CPU" in m
+    assert any("aten::take" in m and "has no axon kernel" in m and "CPU" in m
                for m in lines[1:])
-    assert any("aten::_cummax" in m for m in lines[1:])
+    assert any("aten::unique_consecutive" in m for m in lines[1:])
 
 
 def test_errors_of_several_streams_are_each_reported_once():

@@ -12,8 +12,7 @@ and backward in float32, compared with the CPU; it also found the fallback
 dropping a kernel's conjugate bit, tested last here; what is left in the fallback is linear algebra
 (LAPACK errors stay synchronous), data-dependent shapes (unique, histogram,
 segment_reduce), index-checking ops (take, put_, index_reduce, max_unpool),
-embedding_bag, and ops without Meta kernels (_logcumsumexp, cummax/cummin,
-the margin losses' and CTC's backwards).)
+and embedding_bag.)
 """
 
 import copy
@@ -125,11 +124,16 @@ OPS = {
                     True),
     "weight_norm_dim2": (lambda v, g: torch._weight_norm(v, g, 2), [(6, 4, 3), (1, 1, 3)], None,
                          True),
-    # forward only: their backwards have no Meta kernel and stay in the fallback
+    # ops without Meta kernels (AsyncOps.cpp's without_meta): margin losses' and
+    # CTC's backwards, logcumsumexp, cummax/cummin
     "multi_margin_loss": (lambda a: F.multi_margin_loss(a, torch.tensor(
-        [1, 0, 3, 2]).to(a.device)), [(4, 6)], None, False),
+        [1, 0, 3, 2]).to(a.device)), [(4, 6)], None, True),
     "multilabel_margin_loss": (lambda a: F.multilabel_margin_loss(a, torch.tensor(
-        [[1, 0, -1, 0, 0, 0]] * 4).to(a.device)), [(4, 6)], None, False),
+        [[1, 0, -1, 0, 0, 0]] * 4).to(a.device)), [(4, 6)], None, True),
+    "logcumsumexp": (lambda a: torch.logcumsumexp(a, 1), [(4, 6)], None, True),
+    "logcumsumexp_dim0": (lambda a: torch.logcumsumexp(a, 0), [(4, 6)], None, True),
+    "cummax": (lambda a: torch.cummax(a, 1), [(4, 6)], None, True),
+    "cummin": (lambda a: torch.cummin(a, 0), [(4, 6)], None, True),
 }
 
 
@@ -201,18 +205,30 @@ def test_stream_op_zero_size(name):
     assert torch.axon.fallback_stats() == {}
 
 
-def test_ctc_loss_forward_matches_cpu():
-    """CTC loss (speech fine-tuning) runs as stream work forward (its backward
-    has no Meta kernel and stays in the fallback)."""
+def test_ctc_loss_matches_cpu():
+    """CTC loss (speech fine-tuning), forward and backward, as stream work
+    (the backward has no Meta kernel: its gradient is shaped like log_probs)."""
     log_probs = make((12, 2, 5), torch.float32, seed=7).log_softmax(2)
     targets = torch.tensor([[1, 2, 2, 3], [4, 1, 0, 0]])
     lengths = (torch.tensor([12, 10]), torch.tensor([4, 2]))
     torch.axon.reset_fallback_stats()
     for reduction in ("mean", "sum", "none"):
-        want = F.ctc_loss(log_probs, targets, *lengths, reduction=reduction)
-        got = F.ctc_loss(log_probs.axon(), targets.axon(), *lengths, reduction=reduction)
-        assert_same(got, want, accum=True)
+        lc, la = log_probs.clone().requires_grad_(), log_probs.axon().requires_grad_()
+        want = F.ctc_loss(lc, targets, *lengths, reduction=reduction)
+        got = F.ctc_loss(la, targets.axon(), *lengths, reduction=reduction)
+        assert_same(got, want.detach(), accum=True)
+        gc, = torch.autograd.grad(want.sum(), lc)
+        ga, = torch.autograd.grad(got.sum(), la)
+        assert_same(ga, gc, accum=True)
     assert torch.axon.fallback_stats() == {}
+
+
+def test_ops_without_meta_kernels_check_on_the_host():
+    """logcumsumexp's dimension is checked when it is called (the op has no
+    Meta kernel to do it), with PyTorch's error."""
+    for x in (torch.ones(3, 4), torch.ones(3, 4, device="axon")):
+        with pytest.raises(IndexError, match="Dimension out of range"):
+            torch.logcumsumexp(x, 2)
 
 
 def test_integer_fft_and_embedding_ops_match_cpu():

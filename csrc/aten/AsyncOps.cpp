@@ -146,7 +146,7 @@ OpPlan make_plan(const c10::FunctionSchema& schema) {
   for (const auto& r : rets) {
     if (!is_tensor_type(r.type())) return plan;  // scalars etc. need the host
   }
-  bool fresh_returns = true;  // no return aliases an argument
+  bool fresh_returns = !rets.empty();  // new results only (none: a mutating op)
   for (const auto& r : rets) fresh_returns = fresh_returns && r.alias_info() == nullptr;
   if (!mutating || fresh_returns) {
     if (!fresh_returns) return plan;  // a view
@@ -345,6 +345,22 @@ uint64_t dtype_hash(const CpuWork& work) {
   return h;
 }
 
+// Listed ops without Meta kernels, whose result has the shape and dtype of
+// one argument (its index), or which return nothing (-1; their outputs are
+// arguments their callers sized): CTC's and the margin losses' backwards (a
+// gradient of an input), _logcumsumexp, cummax/cummin's helpers.  Their
+// inputs come from autograd or from composites that checked them.
+std::optional<int> without_meta(const c10::FunctionSchema& schema) {
+  static const std::unordered_map<std::string, int> ops = {
+      {"aten::_ctc_loss_backward", 1}, {"aten::multi_margin_loss_backward", 1},
+      {"aten::multilabel_margin_loss_backward", 1}, {"aten::_logcumsumexp", 0},
+      {"aten::_cummax_helper", -1}, {"aten::_cummin_helper", -1}};
+  if (!schema.overload_name().empty()) return std::nullopt;
+  const auto it = ops.find(schema.name());
+  if (it == ops.end()) return std::nullopt;
+  return it->second;
+}
+
 void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   OpPlan& plan = plan_for(schema);
@@ -373,11 +389,26 @@ void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       if (plan.written[i]) written_meta.push_back(meta[i]);
     }
   }
-  try {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-  } catch (const c10::NotImplementedError&) {
-    plan.kind = OpPlan::Kind::kUnsupported;  // no Meta kernel: tier 3 from now on
-    return axonFallback(op, stack);
+  if (const auto like = without_meta(schema); like.has_value()) {
+    // No Meta kernel: the result is shaped like an argument (or there is none).
+    if (*like >= 0) {
+      const at::Tensor arg = (*stack)[begin + *like].toTensor();
+      if (schema.name() == "aten::_logcumsumexp") {  // its one check on the host
+        c10::maybe_wrap_dim((*stack)[begin + 1].toInt(), arg.dim());
+      }
+      meta = {at::detail::empty_strided_meta(arg.sizes(), c10::contiguous_strides(arg.sizes()),
+                                             arg.scalar_type(), std::nullopt,
+                                             c10::Device(c10::kMeta), std::nullopt)};
+    } else {
+      meta.clear();
+    }
+  } else {
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    } catch (const c10::NotImplementedError&) {
+      plan.kind = OpPlan::Kind::kUnsupported;  // no Meta kernel: tier 3 from now on
+      return axonFallback(op, stack);
+    }
   }
 
   if (plan.kind == OpPlan::Kind::kMutating) {  // out= tensors take their new shapes
@@ -633,6 +664,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "hardtanh_backward", "hardsigmoid_backward.grad_input",
            "_upsample_nearest_exact1d_backward.grad_input",
            "adaptive_max_pool3d_backward.grad_input", "special_i1.out", "_ctc_loss",
+           // no Meta kernels: see without_meta
+           "_ctc_loss_backward", "multi_margin_loss_backward", "multilabel_margin_loss_backward",
+           "_logcumsumexp", "_cummax_helper", "_cummin_helper",
            "special_i0e.out", "special_i1e.out", "special_entr.out", "special_erfcx.out",
            "special_log_ndtr.out", "special_ndtri.out", "special_xlog1py.out", "special_zeta.out",
            "special_airy_ai.out", "special_bessel_j0.out", "special_bessel_j1.out",
