@@ -326,6 +326,11 @@ def test_rnn_cells_double_backward_and_errors():
     assert_same(res[1][1], res[0][1], accum=True)
     with pytest.raises(RuntimeError, match="hidden"):
         torch.nn.GRUCell(4, 3).to("axon")(x.axon(), torch.zeros(2, 5, device="axon"))
+    with pytest.raises(RuntimeError, match="_thnn_fused_gru_cell: input_gates and hidden_gates "
+                       "must be 2-D tensors of the same shape"):
+        torch.ops.aten._thnn_fused_gru_cell(torch.zeros(2, 9, device="axon"),
+                                            torch.zeros(2, 6, device="axon"),
+                                            torch.zeros(2, 3, device="axon"))
     with pytest.raises(RuntimeError, match="_thnn_fused_lstm_cell: the state must be"):
         torch.ops.aten._thnn_fused_lstm_cell(torch.zeros(2, 12, device="axon"),
                                              torch.zeros(2, 12, device="axon"),

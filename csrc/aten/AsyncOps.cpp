@@ -148,13 +148,13 @@ OpPlan make_plan(const c10::FunctionSchema& schema) {
   }
   bool fresh_returns = !rets.empty();  // new results only (none: a mutating op)
   for (const auto& r : rets) fresh_returns = fresh_returns && r.alias_info() == nullptr;
-  if (!mutating || fresh_returns) {
-    if (!fresh_returns) return plan;  // a view
+  if (fresh_returns) {
     // Functional results; arguments an op also writes without returning them
     // (batch norm's running statistics) are written through their host views.
     plan.kind = OpPlan::Kind::kFunctional;
     return plan;
   }
+  if (!mutating) return plan;  // a view
   for (const auto& r : rets) {
     if (r.alias_info() == nullptr || !r.alias_info()->isWrite()) return plan;
     std::optional<size_t> arg;
@@ -349,7 +349,8 @@ uint64_t dtype_hash(const CpuWork& work) {
 // one argument (its index), or which return nothing (-1; their outputs are
 // arguments their callers sized): CTC's and the margin losses' backwards (a
 // gradient of an input), _logcumsumexp, cummax/cummin's helpers.  Their
-// inputs come from autograd or from composites that checked them.
+// inputs come from autograd or from composites that checked them
+// (_logcumsumexp's dimension: logcumsumexp_kernel).
 std::optional<int> without_meta(const c10::FunctionSchema& schema) {
   static const std::unordered_map<std::string, int> ops = {
       {"aten::_ctc_loss_backward", 1}, {"aten::multi_margin_loss_backward", 1},
@@ -393,9 +394,6 @@ void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // No Meta kernel: the result is shaped like an argument (or there is none).
     if (*like >= 0) {
       const at::Tensor arg = (*stack)[begin + *like].toTensor();
-      if (schema.name() == "aten::_logcumsumexp") {  // its one check on the host
-        c10::maybe_wrap_dim((*stack)[begin + 1].toInt(), arg.dim());
-      }
       meta = {at::detail::empty_strided_meta(arg.sizes(), c10::contiguous_strides(arg.sizes()),
                                              arg.scalar_type(), std::nullopt,
                                              c10::Device(c10::kMeta), std::nullopt)};
@@ -557,7 +555,16 @@ void batch_norm_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   }
 }
 
+// _logcumsumexp(self, dim): its dimension checked on the host (the op has no
+// Meta kernel to do it), with PyTorch's error.
+void logcumsumexp_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t base = stack->size() - 2;
+  c10::maybe_wrap_dim((*stack)[base + 1].toInt(), (*stack)[base].toTensor().dim());
+  async_kernel(op, stack);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_logcumsumexp", torch::CppFunction::makeFromBoxedFunction<&logcumsumexp_kernel>());
   for (const char* op : {"native_batch_norm", "_native_batch_norm_legit",
                          "_native_batch_norm_legit.no_stats", "_native_batch_norm_legit_no_training",
                          "_batch_norm_with_update", "_batch_norm_no_update"}) {
@@ -665,8 +672,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "_upsample_nearest_exact1d_backward.grad_input",
            "adaptive_max_pool3d_backward.grad_input", "special_i1.out", "_ctc_loss",
            // no Meta kernels: see without_meta
+           // (and _logcumsumexp: logcumsumexp_kernel)
            "_ctc_loss_backward", "multi_margin_loss_backward", "multilabel_margin_loss_backward",
-           "_logcumsumexp", "_cummax_helper", "_cummin_helper",
+           "_cummax_helper", "_cummin_helper",
            "special_i0e.out", "special_i1e.out", "special_entr.out", "special_erfcx.out",
            "special_log_ndtr.out", "special_ndtri.out", "special_xlog1py.out", "special_zeta.out",
            "special_airy_ai.out", "special_bessel_j0.out", "special_bessel_j1.out",
