@@ -1,15 +1,26 @@
-"""Run patch functions when their target module is first imported.
+"""Run patch functions once their target module has finished importing.
 
-A meta-path finder wraps the loader of each target module so that, right
-after the module executes, its registered patches run.  Targets already
-imported are patched at install() time.
+A patch must never touch a module that is still executing: autoload runs inside
+whatever module first imports torch, and that can be a half-initialised
+Transformers module (``from transformers import TrainingArguments`` as a
+script's first line imports torch from inside ``transformers.training_args``).
+So each target is patched at the moment its import completes:
+
+- a module imported later: a meta-path finder wraps its loader, and the patches
+  run right after the loader's ``exec_module`` returns;
+- a module already imported when ``install()`` runs: patched at once;
+- a module still being imported when ``install()`` runs (its
+  ``__spec__._initializing`` is true): its spec is watched, and the patches
+  run when the import machinery sets ``_initializing`` back to false, which is
+  the last thing it does for a module (``importlib._bootstrap._load_unlocked``).
+  A module whose import failed (gone from ``sys.modules``) is not patched.
 """
 
 from __future__ import annotations
 
 import importlib.abc
-import importlib.util
 import sys
+import warnings
 from collections.abc import Callable
 
 Patch = Callable[[object], None]
@@ -29,8 +40,54 @@ def on_import(module_name: str):
 
 
 def _apply(module) -> None:
+    # A patch that fails (an upstream version it does not know) must not break
+    # the user's import: it warns and leaves the module as upstream wrote it.
     for fn in _patches.get(module.__name__, ()):
-        fn(module)
+        try:
+            fn(module)
+        except Exception as e:  # noqa: BLE001
+            warnings.warn(f"torch_axon: could not apply {fn.__name__} to {module.__name__}: "
+                          f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
+
+
+def _importing(module) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+_watching_classes: dict[type, type] = {}
+
+
+def _apply_when_imported(module) -> None:
+    """Patch ``module`` now, or when its import, if still under way, completes.
+
+    For a module being imported, the import machinery keeps the spec in a local
+    variable and ends with ``spec._initializing = False``; the spec's class is
+    swapped for a subclass whose ``__setattr__`` sees that assignment (and then
+    swaps itself back).
+    """
+    if not _importing(module):
+        _apply(module)
+        return
+    spec = module.__spec__
+    base = type(spec)
+    if getattr(base, "_axon_watching", False):
+        return
+    watching = _watching_classes.get(base)
+    if watching is None:
+
+        def __setattr__(self, name, value):
+            base.__setattr__(self, name, value)
+            if name == "_initializing" and not value:
+                object.__setattr__(self, "__class__", base)
+                done = sys.modules.get(self.name)
+                if done is not None and not _importing(done):
+                    _apply(done)
+
+        watching = type(base.__name__, (base,), {"__setattr__": __setattr__,
+                                                 "_axon_watching": True,
+                                                 "__module__": base.__module__})
+        _watching_classes[base] = watching
+    spec.__class__ = watching
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -74,4 +131,4 @@ def install() -> None:
     sys.meta_path.insert(0, _PatchingFinder())
     for name in list(_patches):
         if name in sys.modules:
-            _apply(sys.modules[name])
+            _apply_when_imported(sys.modules[name])
