@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from torch_axon.integrations import _hooks, hf_accelerate, hf_transformers
+from torch_axon.integrations import _hooks, hf_accelerate, hf_accelerate_cli, hf_transformers
 
 accelerate_state = pytest.importorskip("accelerate.state")
 training_args = pytest.importorskip("transformers.training_args")
@@ -23,7 +23,12 @@ from accelerate.state import AcceleratorState, PartialState  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
 PATCHES = [hf_accelerate.partial_state_default_device, hf_transformers.training_args_setup_devices,
-           hf_transformers.training_args_bf16_available]
+           hf_transformers.training_args_bf16_available, hf_transformers.trainer_rng_state_axon,
+           hf_accelerate.grad_scaler_device, hf_accelerate.max_memory_axon,
+           hf_accelerate.accelerate_rng_sync, hf_accelerate.clear_device_cache_axon,
+           hf_accelerate.accelerator_state_rng_axon, hf_accelerate_cli.default_config_axon,
+           hf_accelerate_cli.launch_process_count, hf_accelerate_cli.env_reports_axon,
+           hf_accelerate_cli.test_command_axon]
 
 
 @pytest.fixture(autouse=True)

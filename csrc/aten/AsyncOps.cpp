@@ -692,6 +692,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            // weight norm (Wav2Vec2's positional convolution)
            "_weight_norm_interface", "_weight_norm_interface_backward",
            "_fft_r2c", "_fft_c2c", "_fft_c2r",
+           // GradScaler's unscale-and-check and scale update (fp16 training steps)
+           "_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_",
            // random ops: numbers reserved from the axon generator at launch
            "bernoulli_.float", "bernoulli_.Tensor", "bernoulli.out", "uniform_", "normal_",
            "normal.Tensor_float", "normal.float_Tensor", "normal.Tensor_Tensor", "random_",

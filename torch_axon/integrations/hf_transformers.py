@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -150,3 +151,55 @@ def sdpa_gqa_when_compiling(sdpa_attention) -> None:
 
     use_gqa_in_sdpa._axon_patch = True
     sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
+
+
+def _rng_file(trainer, checkpoint: str) -> str:
+    """The RNG file of this process in a checkpoint, named as the Trainer names it."""
+    name = f"rng_state_{trainer.args.process_index}.pth" if trainer.args.world_size > 1 \
+        else "rng_state.pth"
+    return os.path.join(checkpoint, name)
+
+
+@on_import("transformers.trainer")
+def trainer_rng_state_axon(trainer_module) -> None:
+    """Patch ``transformers.trainer.Trainer._save_rng_state`` and ``_load_rng_state``.
+
+    A checkpoint keeps the generators of python, numpy, the CPU and of cuda,
+    xla, npu, hpu, mlu and musa; axon's was neither saved nor restored, so a
+    run resumed from a checkpoint drew other dropout masks on axon than the
+    uninterrupted run.  The wrappers add the axon generators under the key
+    "axon" (all devices' in a distributed run, as upstream does for cuda) and
+    restore them with upstream's ``set_rng_state_for_device``.
+    """
+    cls = trainer_module.Trainer
+    save, load = cls._save_rng_state, cls._load_rng_state
+    if getattr(save, "_axon_patch", False):
+        return
+    ParallelMode = trainer_module.ParallelMode
+
+    @functools.wraps(save)
+    def _save_rng_state(self, output_dir: str) -> None:
+        save(self, output_dir)
+        if torch.cuda.is_available() or not _axon_available():
+            return
+        path = _rng_file(self, output_dir)
+        with trainer_module.safe_globals():
+            states = torch.load(path, weights_only=True)
+        distributed = self.args.parallel_mode == ParallelMode.DISTRIBUTED
+        states["axon"] = torch.axon.get_rng_state_all() if distributed else torch.axon.get_rng_state()
+        torch.save(states, path)
+
+    @functools.wraps(load)
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        load(self, checkpoint)
+        if checkpoint is None or not _axon_available() or not os.path.isfile(
+                path := _rng_file(self, checkpoint)):
+            return
+        with trainer_module.safe_globals():
+            states = torch.load(path, weights_only=True)
+        if "axon" in states:
+            distributed = self.args.parallel_mode == ParallelMode.DISTRIBUTED
+            trainer_module.set_rng_state_for_device("AXON", torch.axon, states, distributed)
+
+    _save_rng_state._axon_patch = _load_rng_state._axon_patch = True
+    cls._save_rng_state, cls._load_rng_state = _save_rng_state, _load_rng_state
