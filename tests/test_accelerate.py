@@ -93,6 +93,17 @@ def test_launch_starts_one_process_per_axon_device(tmp_path, argv, devices, proc
                      for r in range(processes)]
 
 
+def test_launch_with_the_default_config(tmp_path):
+    """`accelerate config default`, then `accelerate launch script.py` reads that config."""
+    (tmp_path / "script.py").write_text(RANK_SCRIPT)
+    assert _cli([str(BIN / "accelerate"), "config", "default"], tmp_path,
+                AXON_NUM_DEVICES="2").returncode == 0
+    out = _cli([str(BIN / "accelerate"), "launch", "script.py"], tmp_path, AXON_NUM_DEVICES="2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert _ranks(tmp_path) == [["0", "2", "axon:0", "MULTI_GPU", "9.0"],
+                                ["1", "2", "axon:1", "MULTI_GPU", "9.0"]]
+
+
 def test_launch_keeps_cpu_request(tmp_path):
     (tmp_path / "script.py").write_text(RANK_SCRIPT)
     out = _cli([str(BIN / "accelerate"), "launch", "--cpu", "script.py"], tmp_path)
