@@ -13,7 +13,8 @@ import types
 import pytest
 import torch
 
-from torch_axon.integrations import _hooks, hf_accelerate, hf_accelerate_cli, hf_transformers
+from torch_axon.integrations import (_hooks, hf_accelerate, hf_accelerate_cli, hf_transformers,
+                                     safetensors_device, torch_dlpack)
 
 accelerate_state = pytest.importorskip("accelerate.state")
 training_args = pytest.importorskip("transformers.training_args")
@@ -28,7 +29,8 @@ PATCHES = [hf_accelerate.partial_state_default_device, hf_transformers.training_
            hf_accelerate.accelerate_rng_sync, hf_accelerate.clear_device_cache_axon,
            hf_accelerate.accelerator_state_rng_axon, hf_accelerate_cli.default_config_axon,
            hf_accelerate_cli.launch_process_count, hf_accelerate_cli.env_reports_axon,
-           hf_accelerate_cli.test_command_axon]
+           hf_accelerate_cli.test_command_axon, safetensors_device.safe_open_axon_device,
+           torch_dlpack.tensor_dlpack_device]
 
 
 @pytest.fixture(autouse=True)

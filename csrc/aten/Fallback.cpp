@@ -71,6 +71,62 @@ bool accepts_cpu_indices(const c10::FunctionSchema& schema) {
          n == "aten::_unsafe_index" || n == "aten::_unsafe_index_put";
 }
 
+// ------------------------------------------------------------ quantized
+
+// Axon has no quantized tensors (no QuantizedPrivateUse1 kernels, no
+// quantizer on device memory).  Factories dispatched on a quantized dtype
+// already stop at the dispatcher ("Could not run ... 'Quantizedaxon'
+// backend"); ops that take dense axon tensors and return quantized ones
+// (quantize_per_tensor, quantize_per_channel, _make_per_*_quantized_tensor)
+// reach the fallback, whose CPU kernel would return a QuantizedCPU tensor that
+// cannot be moved: they raise here instead of returning a half-built tensor.
+[[noreturn]] void quantized_unsupported(const c10::FunctionSchema& schema,
+                                        c10::ScalarType dtype) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, "Could not run '", op_name(schema), "' on axon: it makes a quantized tensor (torch.",
+      c10::getDtypeNames(dtype).first,
+      "), and axon has no quantized tensors (no QuantizedPrivateUse1 kernels). "
+      "Quantize on the CPU (tensor.cpu()); the fake_quantize_* ops work on axon.");
+}
+
+bool is_scalar_type(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::ScalarTypeType) return true;
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    return opt->getElementType()->kind() == c10::TypeKind::ScalarTypeType;
+  }
+  return false;
+}
+
+// Before the kernel runs: a quantized dtype argument.
+void check_no_quantized_dtype(const c10::FunctionSchema& schema,
+                              const torch::jit::Stack& stack) {
+  const size_t num_args = schema.arguments().size();
+  const size_t begin = stack.size() - num_args;
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::IValue& v = stack[begin + i];
+    if (!v.isInt() || !is_scalar_type(schema.arguments()[i].real_type())) continue;
+    const auto dtype = static_cast<c10::ScalarType>(v.toInt());
+    if (c10::isQIntType(dtype)) quantized_unsupported(schema, dtype);
+  }
+}
+
+// After it ran (on host views; nothing on the device changed yet): a quantized
+// result.
+void check_no_quantized_result(const c10::FunctionSchema& schema, const c10::IValue& v) {
+  auto check = [&](const at::Tensor& t) {
+    if (t.defined() && t.is_quantized()) quantized_unsupported(schema, t.scalar_type());
+  };
+  if (v.isTensor()) {
+    check(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList().vec()) check(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) check(e.toTensor());
+    }
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------ device scan
@@ -81,13 +137,16 @@ OpDevice::OpDevice(const c10::FunctionSchema& schema)
 c10::DeviceIndex OpDevice::scan(const torch::jit::Stack& stack) {
   const size_t num_args = schema_.arguments().size();
   const size_t begin = stack.size() - num_args;
-  for (size_t i = 0; i < num_args; ++i) find_device(stack[begin + i]);
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::AliasInfo* alias = schema_.arguments()[i].alias_info();
+    find_device(stack[begin + i], alias != nullptr && alias->isWrite());
+  }
   TORCH_CHECK(device_ >= 0, "axon: ", op_name(schema_),
               " received no axon tensor or device");
   return device_;
 }
 
-void OpDevice::note_device(const at::Tensor& t, bool index_arg) {
+void OpDevice::note_device(const at::Tensor& t, bool index_arg, bool written) {
   if (!t.defined()) return;
   if (t.device().type() == kAxon) {
     if (device_ < 0) {
@@ -98,8 +157,11 @@ void OpDevice::note_device(const at::Tensor& t, bool index_arg) {
     return;
   }
   // CPU scalars (0-dim) mix with device tensors in PyTorch, as do CPU
-  // index tensors for indexing ops.
-  if (t.is_cpu() && (t.dim() == 0 || index_arg)) return;
+  // index tensors for indexing ops, but only as inputs: a tensor the op
+  // writes (out=, in-place self) must be on the op's device, 0-dim or not,
+  // or the CPU kernel would write CPU memory (as on CUDA, where
+  // TensorIterator exempts CPU scalars among the inputs only).
+  if (t.is_cpu() && !written && (t.dim() == 0 || index_arg)) return;
   foreign_ = t.device();
 }
 
@@ -110,14 +172,16 @@ void OpDevice::mixed_devices(c10::Device a, c10::Device b) {
               "arguments for ", op_name(schema_), ")");
 }
 
-void OpDevice::find_device(const c10::IValue& v) {
+void OpDevice::find_device(const c10::IValue& v, bool written) {
   if (v.isTensor()) {
-    note_device(v.toTensor(), false);
+    note_device(v.toTensor(), false, written);
   } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList().vec()) note_device(t, cpu_indices_ok_);
+    for (const at::Tensor& t : v.toTensorList().vec()) {
+      note_device(t, cpu_indices_ok_, written);
+    }
   } else if (v.isList()) {
     for (const c10::IValue& e : v.toListRef()) {
-      if (e.isTensor()) note_device(e.toTensor(), cpu_indices_ok_);
+      if (e.isTensor()) note_device(e.toTensor(), cpu_indices_ok_, written);
     }
   } else if (v.isDevice() && v.toDevice().type() == kAxon && device_ < 0) {
     device_ = resolve_index(v.toDevice());
@@ -139,15 +203,19 @@ class Fallback {
     const size_t num_args = schema_.arguments().size();
     const size_t begin = stack_->size() - num_args;
     device_ = OpDevice(schema_).scan(*stack_);
+    check_no_quantized_dtype(schema_, *stack_);
     c10::DeviceGuard guard(c10::Device(kAxon, device_));
     syncCurrentStream(device_);
     for (size_t i = 0; i < num_args; ++i) {
       to_host((*stack_)[begin + i], schema_.arguments()[i]);
     }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack_);
-    sync_mutated();
     const size_t num_rets = schema_.returns().size();
     const size_t rbegin = stack_->size() - num_rets;
+    for (size_t i = 0; i < num_rets; ++i) {
+      check_no_quantized_result(schema_, (*stack_)[rbegin + i]);
+    }
+    sync_mutated();
     for (size_t i = 0; i < num_rets; ++i) to_device((*stack_)[rbegin + i]);
   }
 

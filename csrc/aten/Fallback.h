@@ -25,15 +25,16 @@ std::string op_name(const c10::FunctionSchema& schema);
 
 // The axon device an op's arguments (the top of the stack) live on.  Raises
 // PyTorch's mixed-device error for tensors on other devices, except CPU
-// scalars (0-dim) and, for indexing ops, CPU index tensors.
+// scalars (0-dim) and, for indexing ops, CPU index tensors, among the inputs:
+// arguments the op writes (out=, in-place) must be on the op's device.
 class OpDevice {
  public:
   explicit OpDevice(const c10::FunctionSchema& schema);
   c10::DeviceIndex scan(const torch::jit::Stack& stack);
 
  private:
-  void note_device(const at::Tensor& t, bool index_arg);
-  void find_device(const c10::IValue& v);
+  void note_device(const at::Tensor& t, bool index_arg, bool written);
+  void find_device(const c10::IValue& v, bool written);
   [[noreturn]] void mixed_devices(c10::Device a, c10::Device b);
 
   const c10::FunctionSchema& schema_;

@@ -8,6 +8,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/TypeProperties.h>
+#include <ATen/ops/addr_native.h>
 #include <ATen/ops/arange_cpu_dispatch.h>
 #include <ATen/ops/clamp_min_cpu_dispatch.h>
 #include <ATen/ops/empty.h>
@@ -17,6 +18,7 @@
 #include <ATen/ops/masked_fill_cpu_dispatch.h>
 #include <ATen/ops/max_cpu_dispatch.h>
 #include <ATen/ops/min_cpu_dispatch.h>
+#include <ATen/ops/mode.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/multinomial_cpu_dispatch.h>
 #include <ATen/ops/where_cpu_dispatch.h>
@@ -330,6 +332,54 @@ at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
   return copyToDevice(at::cpu::masked_select(hostView(self), m), device);
 }
 
+// ------------------------------------------------------------ out= checks
+
+// addr.out: ATen's kernel for backends other than CPU, CUDA and MPS
+// (math_addr_out, CompositeExplicitAutograd) computes addr and copies it into
+// out wherever out lives, so a CPU out= was silently written.  Check the
+// devices first, as CUDA's kernel does (TensorIterator: CPU scalars only among
+// the inputs), then run it.
+at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
+                     const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
+  static constexpr const char* op = "aten::addr.out";
+  c10::DeviceIndex device = -1;
+  const std::initializer_list<const at::Tensor*> all = {&vec1, &vec2, &self, &out};
+  for (const at::Tensor* t : all) {
+    if (device < 0 && t->device().type() == kAxon) device = t->device().index();
+  }
+  for (const at::Tensor* t : {&self, &vec1, &vec2}) checkSameDevice(op, device, *t);
+  TORCH_CHECK(out.device() == c10::Device(kAxon, device),
+              "Expected all tensors to be on the same device, but found at least two devices, ",
+              c10::Device(kAxon, device), " and ", out.device(),
+              "! (when checking arguments for ", op, ")");
+  return at::native::math_addr_out(self, vec1, vec2, beta, alpha, out);
+}
+
+// mode.values: ATen's mode_out (CompositeExplicitAutograd) accepts only CPU,
+// CUDA and XPU tensors ("mode only supports CPU, CUDA and XPU device type"), so
+// torch.mode(..., out=) raised on axon while torch.mode worked.  Same checks
+// and messages, then the functional axon kernel and a copy into the outputs.
+std::tuple<at::Tensor&, at::Tensor&> mode_out(const at::Tensor& self, int64_t dim,
+                                              bool keepdim, at::Tensor& values,
+                                              at::Tensor& indices) {
+  TORCH_CHECK(self.layout() == c10::Layout::Strided,
+              "mode only supports strided layout, got: ", self.layout());
+  TORCH_CHECK(self.device() == values.device(), "expected device '", self.device(),
+              "' but got '", values.device(), "' for values output");
+  TORCH_CHECK(self.device() == indices.device(), "expected device '", self.device(),
+              "' but got '", indices.device(), "' for indices output");
+  TORCH_CHECK(self.scalar_type() == values.scalar_type(), "expected scalar type '",
+              self.scalar_type(), "' but got '", values.scalar_type(), "' for values output");
+  TORCH_CHECK(indices.scalar_type() == at::kLong, "expected scalar type '", at::kLong,
+              "' but got '", indices.scalar_type(), "' for indices output");
+  auto [v, i] = at::mode(self, dim, keepdim);
+  at::native::resize_output(values, v.sizes());
+  at::native::resize_output(indices, i.sizes());
+  values.copy_(v);
+  indices.copy_(i);
+  return {values, indices};
+}
+
 // ------------------------------------------------------------ views
 
 // View ops whose ATen kernels only compute sizes and strides (registered for
@@ -360,6 +410,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("histc", histc);
   m.impl("native_dropout", native_dropout);
   m.impl("multinomial", multinomial);
+  m.impl("addr.out", addr_out);
+  m.impl("mode.values", mode_out);
 }
 
 }  // namespace

@@ -91,6 +91,30 @@ struct AxonGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
+  // torch.accelerator.get_device_capability(): the dtypes a tensor can be
+  // allocated in and converted between on axon (the contract XPU's and MPS's
+  // guards report).  Axon memory is host memory and conversions run ATen's CPU
+  // copy kernel, so every dtype the CPU converts is supported: the standard
+  // ones, complex32, the float8s and the unsigned ints.  Not reported:
+  // quantized dtypes (axon has no quantized tensors), the bits* dtypes and
+  // the sub-byte int1-7/uint1-7 and float4 placeholders, which the CPU cannot
+  // convert either.
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    check_device(d.index());
+    c10::DeviceCapability cap;
+    cap.capability_data.capability_bits = 0;
+    for (int i : {c10::kIndex_Byte, c10::kIndex_Char, c10::kIndex_Short, c10::kIndex_Int,
+                  c10::kIndex_Long, c10::kIndex_Half, c10::kIndex_Float, c10::kIndex_Double,
+                  c10::kIndex_ComplexHalf, c10::kIndex_ComplexFloat, c10::kIndex_ComplexDouble,
+                  c10::kIndex_Bool, c10::kIndex_BFloat16, c10::kIndex_Float8_e5m2,
+                  c10::kIndex_Float8_e4m3fn, c10::kIndex_Float8_e5m2fnuz,
+                  c10::kIndex_Float8_e4m3fnuz, c10::kIndex_Float8_e8m0fnu, c10::kIndex_UInt16,
+                  c10::kIndex_UInt32, c10::kIndex_UInt64}) {
+      cap.capability_data.capability_bits |= uint64_t{1} << i;
+    }
+    return cap;
+  }
+
   bool queryStream(const c10::Stream& stream) const override {
     return rt_call([&] { return rt::stream_query(to_rt(stream)); });
   }

@@ -127,7 +127,7 @@ def install() -> None:
         return
     _installed = True
     from . import (hf_accelerate, hf_accelerate_cli, hf_distributed,  # noqa: F401  (register patches)
-                   hf_transformers, torch_compile)
+                   hf_transformers, safetensors_device, torch_compile, torch_dlpack)
 
     sys.meta_path.insert(0, _PatchingFinder())
     for name in list(_patches):
