@@ -1,5 +1,6 @@
 // ProcessGroupAxon (see ProcessGroupAxon.h).
 #include "ProcessGroupAxon.h"
+#include "GlooAxon.h"
 
 #include <dirent.h>
 #include <sched.h>
@@ -1354,6 +1355,7 @@ void initDistributedBindings(pybind11::module_& m) {
            py::arg("global_group") = py::none(), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("multi_host", &ProcessGroupAxon::multiHost)
       .def_property_readonly("local_rank", &ProcessGroupAxon::localRank);
+  initGlooAxonBindings(d);
   d.def("memcpy_bandwidth", [](size_t bytes, int reps) {
     return ::axon::comm::memcpy_bandwidth(bytes, reps);
   }, py::call_guard<py::gil_scoped_release>());

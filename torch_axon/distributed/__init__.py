@@ -12,6 +12,10 @@ Environment (read when a group is created; every rank must agree):
 ``AXON_COMM_SMALL_BYTES`` (256 KiB) the all_reduce size up to which every rank
 reduces every input (low latency) instead of reduce-scatter + all-gather;
 ``AXON_HOST_ID`` overrides which host a rank counts as being on (``host_id``).
+``AXON_TEST_HARNESS=1`` (read at autoload) imports ``torch_axon.testing``, which
+makes PyTorch's DTensor/FSDP test harnesses run on axon.
+
+gloo groups also take axon tensors (``gloo.py``).
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ def install() -> None:
     from . import parallel
 
     parallel.install()
+    if os.environ.get("AXON_TEST_HARNESS", "0") == "1":
+        # PyTorch's own distributed test harnesses on axon (torch_axon/testing).
+        from .. import testing  # noqa: F401  (registers its patches)
 
 
 def memcpy_bandwidth(nbytes: int, reps: int = 5) -> float:

@@ -26,6 +26,8 @@ What this module fixes:
   ``RuntimeError: Could not find backend type 1 for Process Group``.
   We set the default to the type of a backend the group really has (axon's,
   CUSTOM), as torch does for NCCL.
+* gloo groups on axon tensors: every new group that has gloo and no axon
+  backend gets ``gloo.register`` (see gloo.py).
 * ``split_group`` on a backend that cannot split.  Once the default group is
   bound to a device (``init_process_group(device_id=...)``, as torchtitan
   does), ``init_device_mesh`` creates every mesh dimension's groups with
@@ -97,8 +99,20 @@ def _patch_new_process_group_helper() -> None:
 
     @functools.wraps(original)
     def _new_process_group_helper(*args, **kwargs):
+        from . import gloo
+
+        # A gloo-only group bound to an axon device: torch looks the device's
+        # backend up before gloo.register() can add it; bind after (gloo.py).
+        device_id = kwargs.get("device_id")
+        backend = kwargs.get("backend", args[3] if len(args) > 3 else None)
+        bind_later = (isinstance(device_id, torch.device) and device_id.type == "axon"
+                      and gloo.needs_gloo_on_axon(backend))
+        if bind_later:
+            kwargs["device_id"] = None
         result = original(*args, **kwargs)
         pg = result[0] if isinstance(result, tuple) else result
+        if gloo.register(pg) and bind_later:
+            pg.bound_device_id = device_id
         fix_default_backend(pg)
         return result
 
