@@ -126,7 +126,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from . import (hf_accelerate, hf_accelerate_cli, hf_distributed,  # noqa: F401  (register patches)
+    from . import (hf_accelerate, hf_accelerate_cli, hf_diffusers, hf_distributed,  # noqa: F401  (register patches)
                    hf_transformers, safetensors_device, torch_compile, torch_dlpack)
 
     sys.meta_path.insert(0, _PatchingFinder())
