@@ -80,6 +80,7 @@ def _ranks(tmp_path):
     (["--num_processes=2"], 8, 2),   # the count asked for
     ([], 2, 2),                      # no arguments: every axon device
     (["--num_processes=1"], 2, 1),
+    (["--multi_gpu"], 2, 2),         # every axon device
 ])
 def test_launch_starts_one_process_per_axon_device(tmp_path, argv, devices, processes):
     (tmp_path / "script.py").write_text(RANK_SCRIPT)
@@ -286,7 +287,7 @@ def test_trainer_checkpoint_keeps_axon_rng(tmp_path):
     trainer._save_rng_state(str(tmp_path / "checkpoint"))
     want = torch.rand(5, device="axon").cpu()
     states = torch.load(tmp_path / "checkpoint" / "rng_state.pth", weights_only=False)
-    assert torch.equal(states["axon"], torch.axon.get_rng_state()) is False  # saved before `want`
+    assert "axon" in states
     torch.axon.manual_seed(12)
     trainer._load_rng_state(str(tmp_path / "checkpoint"))
     torch.testing.assert_close(torch.rand(5, device="axon").cpu(), want, rtol=0, atol=0)
@@ -318,15 +319,17 @@ def test_clear_device_cache_empties_axon_cache():
 
 
 def test_get_max_memory_sees_axon_devices(caplog):
+    import psutil
     from accelerate.utils import get_max_memory
 
     budget = get_max_memory()
     count = torch.axon.device_count()
     assert list(budget)[:count] == list(range(count)) and "cpu" in budget
     assert budget[0] == torch.axon.mem_get_info(0)[0]
+    assert budget["cpu"] <= max(0, psutil.virtual_memory().available - sum(budget[i] for i in range(count)))
     with caplog.at_level("WARNING"):
-        assert get_max_memory({1: "10MiB", "cpu": "1GB", 0: 1000}) == {0: 1000, 1: 10 << 20,
-                                                                      "cpu": 10**9}
+        ordered = get_max_memory({1: "10MiB", "cpu": "1GB", 0: 1000})
+    assert list(ordered.items()) == [(0, 1000), (1, 10 << 20), ("cpu", 10**9)]
     assert "not available" not in caplog.text
     with caplog.at_level("WARNING"):
         get_max_memory({count: "1GB"})

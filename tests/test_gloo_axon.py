@@ -227,6 +227,14 @@ def _async_streams_barrier(rank, ws):
         del buf
     dist.barrier(device_ids=[rank])
 
+    # ... and not after: a waited collective's tensors are freed with the caller's last reference
+    torch.axon.synchronize()
+    before = torch.axon.memory_allocated()
+    big = torch.ones(1 << 20, device="axon")
+    dist.all_reduce(big, async_op=True).wait()
+    del big
+    out["freed"] = torch.axon.memory_allocated() - before
+
     # a subgroup created with backend="gloo", and "cpu:gloo" alone
     sub = dist.new_group([0, 1], backend="gloo")
     u = torch.arange(4.0, device="axon") + rank
@@ -244,6 +252,7 @@ def _async_streams_barrier(rank, ws):
 
 def test_gloo_async_stream_order_futures_and_barrier():
     a, b = run_ranks(_async_streams_barrier, 2)
+    assert a["freed"] == 0 and b["freed"] == 0, (a["freed"], b["freed"])
     for r in (a, b):
         torch.testing.assert_close(r["y"], torch.full((1000,), 2.0 * (1 + 2) + 1))
         torch.testing.assert_close(r["z"], torch.full((4,), 10.0 + 11.0))

@@ -164,19 +164,22 @@ def test_module_being_imported_is_patched_when_its_import_completes(tmp_path, mo
         import sys
         from torch_axon.integrations import _hooks
         _hooks.on_import(__name__)(lambda m: setattr(m, "seen", (m.LAST, m.__dict__.get("seen"))))
-        _hooks._apply_when_imported(sys.modules[__name__])
+        _hooks._apply_when_imported(sys.modules[__name__], __name__)
         assert not hasattr(sys.modules[__name__], "seen"), "patched while still importing"
         LAST = "the last line ran"
     """))
     (tmp_path / "axon_failed_import.py").write_text(textwrap.dedent("""
         import sys
         from torch_axon.integrations import _hooks
-        _hooks.on_import(__name__)(lambda m: setattr(m, "seen", True))
-        _hooks._apply_when_imported(sys.modules[__name__])
+        _hooks.on_import(__name__)(lambda m: CALLS.append(m))
+        _hooks._apply_when_imported(sys.modules[__name__], __name__)
         raise ValueError("this module fails to import")
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(_hooks, "_patches", dict(_hooks._patches))
+    calls = []
+    import builtins
+    monkeypatch.setattr(builtins, "CALLS", calls, raising=False)
     try:
         import axon_half_imported
 
@@ -184,9 +187,38 @@ def test_module_being_imported_is_patched_when_its_import_completes(tmp_path, mo
         assert type(axon_half_imported.__spec__) is type(_hooks.__spec__)
         with pytest.raises(ValueError, match="fails to import"):
             import axon_failed_import  # noqa: F401
-        assert "axon_failed_import" not in sys.modules
+        assert calls == [], "a module whose import failed was patched"
     finally:
         sys.modules.pop("axon_half_imported", None)
+
+
+def test_other_threads_get_the_module_only_once_patched(tmp_path, monkeypatch):
+    """A thread importing the module while its patch runs waits for the patch to finish."""
+    from torch_axon.integrations import _hooks
+
+    (tmp_path / "axon_threaded_import.py").write_text(textwrap.dedent("""
+        import importlib, sys, threading, time
+        from torch_axon.integrations import _hooks
+        SEEN = []
+        def patch(m):
+            def other():
+                SEEN.append(importlib.import_module(__name__).__dict__.get("patched"))
+            m.THREAD = threading.Thread(target=other)
+            m.THREAD.start()
+            time.sleep(0.3)
+            m.patched = True
+        _hooks.on_import(__name__)(patch)
+        _hooks._apply_when_imported(sys.modules[__name__], __name__)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_hooks, "_patches", dict(_hooks._patches))
+    try:
+        import axon_threaded_import as m
+
+        m.THREAD.join(10)
+        assert m.SEEN == [True]
+    finally:
+        sys.modules.pop("axon_threaded_import", None)
 
 
 def test_failing_patch_warns_and_keeps_the_module(monkeypatch):
@@ -201,4 +233,4 @@ def test_failing_patch_warns_and_keeps_the_module(monkeypatch):
     monkeypatch.setattr(_hooks, "_patches", {"axon_fake_target": [broken]})
     with pytest.warns(RuntimeWarning, match="could not apply broken to axon_fake_target: "
                                             "AttributeError: no such upstream class"):
-        _hooks._apply(module)
+        _hooks._apply(module, "axon_fake_target")

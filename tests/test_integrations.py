@@ -150,8 +150,8 @@ def test_patches_are_idempotent(tmp_path):
         hf_accelerate.partial_state_default_device(accelerate_state)
         hf_transformers.training_args_setup_devices(training_args)
         hf_transformers.training_args_bf16_available(training_args)
-        _hooks._apply(accelerate_state)
-        _hooks._apply(training_args)
+        _hooks._apply(accelerate_state, accelerate_state.__name__)
+        _hooks._apply(training_args, training_args.__name__)
         _hooks.install()
     assert PartialState.__dict__["default_device"] is default_device
     assert TrainingArguments.__dict__["_setup_devices"] is setup_devices

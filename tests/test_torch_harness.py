@@ -35,16 +35,26 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import run_python, tol  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _restore_environment():
-    """torch_axon.testing sets AXON_TEST_HARNESS=1 for the ranks it spawns;
-    the other test files' processes should not inherit it."""
-    yield
+def _restore_environment() -> None:
     before = torch_axon.testing.ENV_BEFORE_IMPORT
     if before is None:
         os.environ.pop(torch_axon.testing.ENV_VAR, None)
     else:
         os.environ[torch_axon.testing.ENV_VAR] = before
+
+
+# torch_axon.testing sets AXON_TEST_HARNESS=1 for the ranks it spawns.  Importing it
+# happens when pytest collects this file, before any test of any file runs: the
+# variable is put back at once and set only while this file's tests run, so other
+# files' subprocesses do not inherit it.
+_restore_environment()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _harness_environment():
+    os.environ[torch_axon.testing.ENV_VAR] = "1"
+    yield
+    _restore_environment()
 
 
 # ------------------------------------------------------------------ helpers (rank side)

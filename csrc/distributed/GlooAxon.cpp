@@ -13,9 +13,7 @@
 // writes the results straight into device memory from its own threads.
 // Work::wait() blocks the host until gloo is done (as for gloo on CPU
 // tensors), so stream work the caller queues afterwards sees the results.
-// The axon tensors stay referenced until gloo has finished with them, even if
-// the Work is dropped, so the caching allocator cannot hand their memory to
-// other stream work while gloo still reads or writes it.
+// The axon tensors stay referenced until gloo has finished with them (InFlight).
 #include "GlooAxon.h"
 
 #include <algorithm>
@@ -94,13 +92,50 @@ class HostViews {
   std::vector<std::pair<at::Tensor, at::Tensor>> pairs_;  // host view, axon tensor
 };
 
+// The backend's unfinished gloo work with the host views (and so the axon
+// tensors) it uses: they stay referenced until gloo has finished with them,
+// even if the caller drops the Work, so the caching allocator cannot hand
+// their memory to other stream work while gloo still reads or writes it.
+// Finished entries are dropped whenever the backend takes a call and whenever
+// a Work is waited for, so a collective's tensors are not kept after it.
+class InFlight {
+ public:
+  void add(c10::intrusive_ptr<c10d::Work> work, std::shared_ptr<HostViews> views) {
+    std::lock_guard<std::mutex> lock(mu_);
+    entries_.emplace_back(std::move(work), std::move(views));
+  }
+  // (gloo's barrier also waits for, and rethrows the error of, every earlier
+  // work still referenced: for gloo on CPU tensors only the caller holds it.)
+  void prune() {
+    std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, std::shared_ptr<HostViews>>> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto finished = std::stable_partition(entries_.begin(), entries_.end(),
+                                            [](const auto& p) { return !p.first->isCompleted(); });
+      done.assign(std::make_move_iterator(finished), std::make_move_iterator(entries_.end()));
+      entries_.erase(finished, entries_.end());
+    }
+    // `done` releases its tensors here, outside the lock.
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    entries_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, std::shared_ptr<HostViews>>> entries_;
+};
+
 // gloo's Work, reporting the axon tensors instead of their host views.
 class WorkGlooAxon : public c10d::Work {
  public:
-  WorkGlooAxon(c10::intrusive_ptr<c10d::Work> inner, std::shared_ptr<HostViews> views)
+  WorkGlooAxon(c10::intrusive_ptr<c10d::Work> inner, std::shared_ptr<HostViews> views,
+               std::shared_ptr<InFlight> in_flight)
       : c10d::Work(-1, inner->retrieveOpType()),
         inner_(std::move(inner)),
-        views_(std::move(views)) {}
+        views_(std::move(views)),
+        in_flight_(std::move(in_flight)) {}
 
   bool isCompleted() override { return inner_->isCompleted(); }
   bool isSuccess() const override { return inner_->isSuccess(); }
@@ -110,7 +145,11 @@ class WorkGlooAxon : public c10d::Work {
   // gloo wrote device memory from its threads: once the host has waited,
   // whatever the caller queues next on any stream sees the results.
   void synchronize() override { inner_->synchronize(); }
-  bool wait(std::chrono::milliseconds timeout) override { return inner_->wait(timeout); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    const bool done = inner_->wait(timeout);
+    in_flight_->prune();
+    return done;
+  }
   void abort() override { inner_->abort(); }
   uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
   float getDuration() const override { return inner_->getDuration(); }
@@ -134,6 +173,7 @@ class WorkGlooAxon : public c10d::Work {
  private:
   c10::intrusive_ptr<c10d::Work> inner_;
   std::shared_ptr<HostViews> views_;
+  std::shared_ptr<InFlight> in_flight_;
   std::mutex mu_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
@@ -316,6 +356,15 @@ class ProcessGroupGlooAxon : public c10d::Backend {
     gloo_->monitoredBarrier(opts, wait_all_ranks);
   }
 
+  void abort() override {
+    gloo_->abort();
+    in_flight_->clear();
+  }
+  void shutdown() override {
+    gloo_->shutdown();
+    in_flight_->clear();
+  }
+
   c10::intrusive_ptr<c10d::Backend> gloo() const { return gloo_; }
 
  private:
@@ -326,30 +375,17 @@ class ProcessGroupGlooAxon : public c10d::Backend {
     return track(call(), views);
   }
 
-  // Drops finished work before gloo sees the next call: gloo's barrier waits
-  // for (and rethrows the error of) every earlier work still referenced, and
-  // for gloo on CPU tensors a finished work is only referenced by its caller.
-  void prune() {
-    std::lock_guard<std::mutex> lock(mu_);
-    in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(),
-                                    [](const auto& p) { return p.first->isCompleted(); }),
-                     in_flight_.end());
-  }
+  void prune() { in_flight_->prune(); }
 
-  // Keeps the axon tensors referenced until gloo has finished with them.
   c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> inner,
                                        std::shared_ptr<HostViews> views) {
     if (!inner) return inner;
-    if (!inner->isCompleted()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_flight_.emplace_back(inner, views);
-    }
-    return c10::make_intrusive<WorkGlooAxon>(std::move(inner), std::move(views));
+    if (!inner->isCompleted()) in_flight_->add(inner, views);
+    return c10::make_intrusive<WorkGlooAxon>(std::move(inner), std::move(views), in_flight_);
   }
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
-  std::mutex mu_;
-  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, std::shared_ptr<HostViews>>> in_flight_;
+  std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 };
 
 }  // namespace

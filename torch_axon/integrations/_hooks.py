@@ -39,14 +39,16 @@ def on_import(module_name: str):
     return register
 
 
-def _apply(module) -> None:
-    # A patch that fails (an upstream version it does not know) must not break
-    # the user's import: it warns and leaves the module as upstream wrote it.
-    for fn in _patches.get(module.__name__, ()):
+def _apply(module, name: str) -> None:
+    # By the name the module is imported under (its spec's), not module.__name__,
+    # which a module may change.  A patch that fails (an upstream version it
+    # does not know) must not break the user's import: it warns and leaves the
+    # module as upstream wrote it.
+    for fn in _patches.get(name, ()):
         try:
             fn(module)
         except Exception as e:  # noqa: BLE001
-            warnings.warn(f"torch_axon: could not apply {fn.__name__} to {module.__name__}: "
+            warnings.warn(f"torch_axon: could not apply {fn.__name__} to {name}: "
                           f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
 
 
@@ -57,16 +59,18 @@ def _importing(module) -> bool:
 _watching_classes: dict[type, type] = {}
 
 
-def _apply_when_imported(module) -> None:
+def _apply_when_imported(module, name: str) -> None:
     """Patch ``module`` now, or when its import, if still under way, completes.
 
     For a module being imported, the import machinery keeps the spec in a local
     variable and ends with ``spec._initializing = False``; the spec's class is
-    swapped for a subclass whose ``__setattr__`` sees that assignment (and then
-    swaps itself back).
+    swapped for a subclass whose ``__setattr__`` sees that assignment, runs the
+    patches just before it (while the module still counts as being imported, so
+    another thread's import of it waits on the module lock instead of taking
+    the unpatched module) and swaps the class back.
     """
     if not _importing(module):
-        _apply(module)
+        _apply(module, name)
         return
     spec = module.__spec__
     base = type(spec)
@@ -75,19 +79,32 @@ def _apply_when_imported(module) -> None:
     watching = _watching_classes.get(base)
     if watching is None:
 
-        def __setattr__(self, name, value):
-            base.__setattr__(self, name, value)
-            if name == "_initializing" and not value:
+        def __setattr__(self, attr, value):
+            if attr == "_initializing" and not value:
                 object.__setattr__(self, "__class__", base)
-                done = sys.modules.get(self.name)
-                if done is not None and not _importing(done):
-                    _apply(done)
+                done = sys.modules.get(self.name)  # None: the import failed
+                try:
+                    if done is not None:
+                        _apply(done, self.name)
+                finally:
+                    base.__setattr__(self, attr, value)
+                return
+            base.__setattr__(self, attr, value)
 
         watching = type(base.__name__, (base,), {"__setattr__": __setattr__,
                                                  "_axon_watching": True,
                                                  "__module__": base.__module__})
         _watching_classes[base] = watching
-    spec.__class__ = watching
+    try:
+        spec.__class__ = watching
+    except TypeError as e:  # a spec class without __dict__ (a finder's own type)
+        warnings.warn(f"torch_axon: cannot watch the import of {name} ({e}); it is patched "
+                      "now, while still importing", RuntimeWarning, stacklevel=2)
+        _apply(module, name)
+        return
+    if not _importing(module) and type(spec) is watching:  # completed before the swap
+        object.__setattr__(spec, "__class__", base)
+        _apply(module, name)
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -99,7 +116,7 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        _apply(module)
+        _apply(module, module.__spec__.name)
 
     def __getattr__(self, name):  # get_code, get_source, is_package, ...
         return getattr(self._loader, name)
@@ -132,7 +149,7 @@ def install() -> None:
     sys.meta_path.insert(0, _PatchingFinder())
     for name in list(_patches):
         if name in sys.modules:
-            _apply_when_imported(sys.modules[name])
+            _apply_when_imported(sys.modules[name], name)
 
 
 # ------------------------------------------------------------ tools for patches

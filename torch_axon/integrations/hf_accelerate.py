@@ -69,7 +69,11 @@ def accelerator_fp16_devices(accelerator) -> None:
     is a tuple constant of the function's code; "axon" is appended to it, and
     the rest of ``__init__`` (autocast, ``get_grad_scaler``) is upstream's.
     """
-    extend_inline_tuple(accelerator.Accelerator.__init__, ("xpu", "cuda", "npu", "mps"), "axon")
+    if not extend_inline_tuple(accelerator.Accelerator.__init__, ("xpu", "cuda", "npu", "mps"), "axon"):
+        import warnings
+
+        warnings.warn("torch_axon: Accelerator.__init__ has no fp16 device list to extend; "
+                      "fp16 on axon is up to upstream", RuntimeWarning, stacklevel=2)
 
 
 @on_import("accelerate.utils.modeling")
@@ -112,7 +116,8 @@ def max_memory_axon(modeling) -> None:
     accelerator the wrapper answers for the axon devices: integer keys are
     axon device indices, as ``torch.device(0)`` is ``axon:0`` there, and each
     free size is ``torch.axon.mem_get_info`` (a given ``max_memory`` is
-    converted and ordered as upstream does).
+    converted and ordered as upstream does).  As the devices' memory is host
+    memory, the "cpu" budget is the available host memory they leave.
     """
     original = modeling.get_max_memory
     if getattr(original, "_axon_patch", False):
@@ -127,7 +132,9 @@ def max_memory_axon(modeling) -> None:
         count = torch.axon.device_count()
         if max_memory is None:
             budget = {i: torch.axon.mem_get_info(i)[0] for i in range(count)}
-            budget["cpu"] = psutil.virtual_memory().available
+            # Axon memory is host memory (like an integrated GPU's, for which
+            # upstream lists no "cpu" budget): the CPU gets what the devices leave.
+            budget["cpu"] = max(0, psutil.virtual_memory().available - sum(budget.values()))
             return budget
         budget = {k: modeling.convert_file_size_to_int(v) if isinstance(v, str) else v
                   for k, v in max_memory.items()}
@@ -255,9 +262,12 @@ def accelerator_state_rng_axon(checkpointing) -> None:
         result = load(*args, **kwargs)
         path = rng_file(load, args, kwargs, "input_dir")
         if _axon_is_the_accelerator() and path.is_file():
-            states = checkpointing.load(path)
-            if "torch_axon_manual_seed" in states:
-                torch.axon.set_rng_state_all(states["torch_axon_manual_seed"])
+            try:  # as upstream: a random state that cannot be loaded is logged
+                states = checkpointing.load(path)
+                if "torch_axon_manual_seed" in states:
+                    torch.axon.set_rng_state_all(states["torch_axon_manual_seed"])
+            except Exception:  # noqa: BLE001
+                checkpointing.logger.info("Could not load the axon random states")
         return result
 
     save_accelerator_state._axon_patch = load_accelerator_state._axon_patch = True

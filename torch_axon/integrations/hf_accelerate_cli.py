@@ -85,12 +85,15 @@ def launch_process_count(launch) -> None:
         uses_config = args.config_file is not None or (
             os.path.isfile(launch.default_config_file) and not args.cpu)
         ours = not uses_config and not args.cpu and _axon_is_the_accelerator()
-        if ours and args.num_processes is None:
+        count_later = ours and args.num_processes is None and args.multi_gpu
+        if ours and args.num_processes is None and not args.multi_gpu:
             args.num_processes = torch.axon.device_count()
             logger.warning("`--num_processes` was set to %d, the number of axon devices",
                            args.num_processes)
         result = original(args)
         args = result[0]
+        if count_later:  # after upstream's "--multi_gpu needs 2 processes" check, as for CUDA
+            args.num_processes = torch.axon.device_count()
         others = (args.tpu, args.use_deepspeed, args.use_fsdp, args.use_megatron_lm)
         if ours and not args.multi_gpu and not any(others) and args.num_processes > 1:
             args.multi_gpu = True

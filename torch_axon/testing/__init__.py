@@ -280,11 +280,7 @@ def install() -> None:
         module = sys.modules.get(name)
         if module is None:
             continue
-        apply_when_imported = getattr(_hooks, "_apply_when_imported", None)
-        if apply_when_imported is not None:
-            apply_when_imported(module)
-        else:
-            _TARGETS[name](module)
+        _hooks._apply_when_imported(module, name)
 
 
 install()
