@@ -168,3 +168,19 @@ def test_grad_scaler_matches_cpu():
     assert sc_a.get_scale() == sc_c.get_scale() == 2.0 ** 9
     for pc, pa in zip(model_c.parameters(), model_a.parameters()):
         assert_same(pa.detach(), pc.detach(), accum=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_higher_order_ops_under_autocast_match_cpu(dtype):
+    """torch.cond (any higher-order op) under torch.autocast("axon"): its body autocasts as on the CPU."""
+    def body(x):
+        return torch.cond(x.sum() > 0, lambda y: y @ y, lambda y: (y - 1) @ y, (x,))
+
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+    for sign in (1, -1):
+        with torch.autocast("cpu", dtype=dtype):
+            want = body(sign * x)
+        with torch.autocast("axon", dtype=dtype):
+            got = body((sign * x).to("axon"))
+        assert got.dtype == want.dtype == dtype
+        torch.testing.assert_close(got.cpu(), want, **tol(dtype, accum=True))

@@ -37,6 +37,8 @@ from torch._inductor.virtualized import V
 
 import torch_axon
 
+from . import flex_attention as _flex_attention
+
 # Marks axon kernels' source: keeps a CPU kernel of the same loops (a graph
 # can hold both) from being mistaken for it by the wrapper's source->name map.
 _AXON_KERNEL_MARK = "// axon: enqueued on the device's current stream\n"
@@ -168,16 +170,18 @@ class AxonDeviceOpOverrides(DeviceOpOverrides):
 
 
 class AxonCachePass(CustomGraphModulePass):
-    """No transformation: puts the axon backend's code into Inductor's cache keys.
+    """axon's post-grad pass; also puts the axon backend's code into Inductor's cache keys.
 
-    Inductor hashes the device's custom pass into its FX-graph cache key, so
-    a cached graph compiled by another version of this code (the compiler
-    package and the Inductor patches in integrations/torch_compile.py) is
-    not reused.
+    The one transformation: FlexAttention nodes the C++ template cannot
+    compute are replaced by their dense ATen implementation
+    (flex_attention.decompose).  Inductor hashes the device's custom pass
+    into its FX-graph cache key, so a cached graph compiled by another
+    version of this code (the compiler package and the Inductor patches in
+    integrations/torch_compile.py) is not reused.
     """
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
-        return None
+        _flex_attention.decompose(gm)
 
     def uuid(self) -> Any:
         return _source_hash()
@@ -292,6 +296,7 @@ def register() -> None:
     _patch_scheduler_is_cpu()
     _patch_get_current_backend()
     _patch_lowerings_device_type()
+    _flex_attention.install_lowering()
     register_device_op_overrides("axon", AxonDeviceOpOverrides())
     register_backend_for_device("axon", AxonScheduling, AxonWrapperCodegen,
                                 device_custom_pass=AxonCachePass())

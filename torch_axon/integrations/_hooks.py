@@ -144,7 +144,8 @@ def install() -> None:
         return
     _installed = True
     from . import (hf_accelerate, hf_accelerate_cli, hf_diffusers, hf_distributed,  # noqa: F401  (register patches)
-                   hf_transformers, safetensors_device, torch_compile, torch_dlpack)
+                   hf_transformers, safetensors_device, torch_autocast, torch_compile,
+                   torch_dlpack, torch_flex_attention)
 
     sys.meta_path.insert(0, _PatchingFinder())
     for name in list(_patches):
