@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -264,3 +265,13 @@ def test_modules_imported_before_torch_axon_get_patched(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "axon:0"
+
+
+def test_every_patch_is_listed_in_upstream_md():
+    """docs/UPSTREAM.md names every patch registered with the import hooks (module.function)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "UPSTREAM.md").read_text()
+    patches = [fn for fns in _hooks._patches.values() for fn in fns]
+    assert len(patches) > 20
+    missing = [f"{fn.__module__}.{fn.__name__}" for fn in patches
+               if f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}" not in text]
+    assert not missing, f"not in docs/UPSTREAM.md: {missing}"
