@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := g++ libgtest-dev ccache
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test test-cpp test-python build setup test-sanitize clean
+.PHONY: demo test test-cpp test-python build setup test-sanitize fuzz clean
 
 demo: build
 	$(PY) examples/demo.py
@@ -61,6 +61,12 @@ test-sanitize: $(STAMPS)/apt $(STAMPS)/venv
 	  cmake --build $(BUILD)-$$s && \
 	  ctest --test-dir $(BUILD)-$$s --output-on-failure || exit 1; \
 	done
+
+# The differential fuzzer (axon vs CPU) for longer than make test's 20 s:
+# AXON_FUZZ_SECONDS (default 600), AXON_FUZZ_SEED to start elsewhere.
+fuzz: build
+	AXON_FUZZ_SECONDS=$${AXON_FUZZ_SECONDS:-600} AXON_FUZZ_PROGRAMS=$${AXON_FUZZ_PROGRAMS:-100000000} \
+	  $(PY) -m pytest -q -s tests/test_fuzz.py
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-thread $(BUILD)-address $(STAMPS) torch_axon/_C*.so

@@ -64,8 +64,19 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 240.0, env: dict | No
     port = free_port()
     procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, env or {}, queue),
                          daemon=False) for r in range(world_size)]
-    for p in procs:
-        p.start()
+    # The ranks get env from birth: their first import (torch, with the runtime's
+    # configuration) happens before _entry runs.
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     results: dict[int, object] = {}
     import queue as queue_mod
     import time

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -241,7 +242,10 @@ struct MemfdBuffer {
     shared = SharedBuffer{fd, ids++, bytes, offset * sizeof(float)};
     data = reinterpret_cast<float*>(base + shared.offset);
   }
+  // Released as axon::rt::free does: truncated first, so peers' cached
+  // mappings hold no pages and are dropped at their next shared step.
   ~MemfdBuffer() {
+    EXPECT_EQ(ftruncate(fd, 0), 0);
     munmap(base, bytes);
     close(fd);
   }
@@ -623,4 +627,170 @@ TEST(CommErrors, NoSegmentLeftAfterGroups) {
   auto before = shm_entries();
   run_group(2, small_config(), [](ShmGroup& g) { g.barrier(); });
   EXPECT_EQ(shm_entries(), before);
+}
+
+// ---------------------------------------------------------------- peer mappings
+
+TEST(CommPeerMaps, MappingsDoNotOutliveTheBuffers) {
+  // Buffers of changing sizes, created and freed in a loop: a peer's cache
+  // keeps only the mappings of live buffers (the freed ones were truncated).
+  run_group(2, small_config(), [&](ShmGroup& g) {
+    for (int it = 0; it < 24; ++it) {
+      size_t count = 20000 + size_t(it % 5) * 7001;
+      MemfdBuffer buf(count, 3);
+      for (size_t i = 0; i < count; ++i) buf.data[i] = value(g.rank(), i);
+      g.all_reduce(buf.data, count, DType::kFloat32, ReduceOp::kSum, 1.0, &buf.shared);
+      ASSERT_EQ(buf.data[7], value(0, 7) + value(1, 7));
+      // Only the peer's current buffer is mapped here.
+      EXPECT_EQ(g.mapped_peer_count(), 1u) << "iteration " << it;
+      EXPECT_LE(g.mapped_peer_bytes(), (count + 3) * sizeof(float) + 4096);
+      g.barrier();  // no rank frees its buffer while the peer might map it
+    }
+  });
+}
+
+TEST(CommPeerMaps, CacheIsCappedInEntriesAndBytes) {
+  // Live buffers, all kept: the cache stays within both caps (least recently
+  // used dropped), and the results stay right when a dropped one is remapped.
+  for (bool by_bytes : {false, true}) {
+    Config c = small_config();
+    const size_t count = 30000;
+    const size_t one = (count + 1) * sizeof(float) + 4096;
+    if (by_bytes) c.peer_map_bytes = 2 * one + 100; else c.peer_map_entries = 3;
+    run_group(2, c, [&](ShmGroup& g) {
+      std::vector<std::unique_ptr<MemfdBuffer>> bufs;
+      for (int i = 0; i < 6; ++i) bufs.push_back(std::make_unique<MemfdBuffer>(count, 1));
+      for (int round = 0; round < 2; ++round) {
+        for (int i = 0; i < 6; ++i) {
+          auto& b = *bufs[i];
+          for (size_t k = 0; k < count; ++k) b.data[k] = value(g.rank(), k + i);
+          g.all_reduce(b.data, count, DType::kFloat32, ReduceOp::kSum, 1.0, &b.shared);
+          ASSERT_EQ(b.data[11], value(0, 11 + i) + value(1, 11 + i));
+          EXPECT_LE(g.mapped_peer_count(), by_bytes ? 2u : 3u);
+          EXPECT_LE(g.mapped_peer_bytes(), by_bytes ? 2 * one : 3 * one);
+        }
+      }
+      g.barrier();
+    });
+  }
+}
+
+// ---------------------------------------------------------------- signatures
+
+namespace {
+// Runs a(g) on rank 0 and b(g) on the others; every rank must fail with the
+// mismatch message, containing `want`; the group is then unusable.
+void expect_mismatch(int size, const std::function<void(ShmGroup&)>& a,
+                     const std::function<void(ShmGroup&)>& b, const std::string& want) {
+  auto start = std::chrono::steady_clock::now();
+  run_group(size, small_config(), [&](ShmGroup& g) {
+    try {
+      if (g.rank() == 0) a(g); else b(g);
+      FAIL() << "no error on rank " << g.rank() << " (" << want << ")";
+    } catch (const CommError& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("do not match across ranks"), std::string::npos) << m;
+      EXPECT_NE(m.find(want), std::string::npos) << "rank " << g.rank() << ": " << m;
+    }
+    EXPECT_FALSE(g.broken().empty());
+    EXPECT_THROW(g.barrier(), CommError);
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+}  // namespace
+
+TEST(CommSignatures, MismatchedCallsFailOnEveryRank) {
+  static std::vector<float> buf0(600000), buf1(600000), buf2(600000);
+  auto buf = [](ShmGroup& g) { return g.rank() == 0 ? buf0.data() : g.rank() == 1 ? buf1.data() : buf2.data(); };
+  auto ar = [&](size_t n, DType dt, ReduceOp op) {
+    return [=](ShmGroup& g) { g.all_reduce(buf(g), n, dt, op); };
+  };
+  for (int size : {2, 3}) {
+    // Element counts (small and large paths), dtypes, ops.
+    expect_mismatch(size, ar(100, DType::kFloat32, ReduceOp::kSum),
+                    ar(120, DType::kFloat32, ReduceOp::kSum),
+                    "rank 0 called all_reduce #0 (float32, 100 elements, SUM) but rank 1 called "
+                    "all_reduce #0 (float32, 120 elements, SUM)");
+    expect_mismatch(size, ar(500000, DType::kFloat32, ReduceOp::kSum),
+                    ar(500020, DType::kFloat32, ReduceOp::kSum), "500020 elements");
+    expect_mismatch(size, ar(64, DType::kFloat32, ReduceOp::kSum),
+                    ar(64, DType::kBFloat16, ReduceOp::kSum), "(bfloat16, 64 elements, SUM)");
+    expect_mismatch(size, ar(64, DType::kFloat32, ReduceOp::kSum),
+                    ar(64, DType::kFloat32, ReduceOp::kMax), "(float32, 64 elements, MAX)");
+    // Kinds and roots.
+    expect_mismatch(size, ar(64, DType::kFloat32, ReduceOp::kSum),
+                    [&](ShmGroup& g) { g.broadcast(buf(g), 256, 0); },
+                    "but rank 1 called broadcast #0 (256 bytes, root 0)");
+    expect_mismatch(size, [&](ShmGroup& g) { g.broadcast(buf(g), 256, 0); },
+                    [&](ShmGroup& g) { g.broadcast(buf(g), 256, 1); },
+                    "rank 0 called broadcast #0 (256 bytes, root 0) but rank 1 called "
+                    "broadcast #0 (256 bytes, root 1)");
+    expect_mismatch(size, [&](ShmGroup& g) { g.reduce(buf(g), 64, DType::kInt32, ReduceOp::kSum, 0); },
+                    [&](ShmGroup& g) { g.reduce(buf(g), 64, DType::kInt32, ReduceOp::kSum, 1); },
+                    "(int32, 64 elements, SUM, root 1)");
+    expect_mismatch(size, [&](ShmGroup& g) { g.barrier(); },
+                    [&](ShmGroup& g) { g.reduce(buf(g), 64, DType::kInt8, ReduceOp::kSum, 0); },
+                    "rank 0 called barrier #0 but rank 1 called reduce #0");
+    expect_mismatch(size, [&](ShmGroup& g) {
+                      std::vector<void*> outs(g.size(), buf(g) + 1000);
+                      g.gather(buf(g), 16, outs.data(), 0);
+                    }, [&](ShmGroup& g) {
+                      std::vector<const void*> ins(g.size(), buf(g) + 1000);
+                      g.scatter(ins.data(), 16, buf(g), 0);
+                    }, "rank 0 called gather #0 (16 bytes, root 0) but rank 1 called scatter #0");
+    // A tagged dtype (what the process group passes for byte-moving calls).
+    expect_mismatch(size, [&](ShmGroup& g) {
+                      g.set_dtype_tag(static_cast<int>(DType::kFloat32));
+                      std::vector<void*> outs;
+                      for (int r = 0; r < g.size(); ++r) outs.push_back(buf(g) + 1000 + r * 64);
+                      g.all_gather(buf(g), 256, outs.data());
+                    }, [&](ShmGroup& g) {
+                      g.set_dtype_tag(static_cast<int>(DType::kInt64));
+                      std::vector<void*> outs;
+                      for (int r = 0; r < g.size(); ++r) outs.push_back(buf(g) + 1000 + r * 64);
+                      g.all_gather(buf(g), 256, outs.data());
+                    }, "all_gather #0 (256 bytes of int64)");
+    // A rank that skipped a call pairs its next one with the others' earlier one.
+    expect_mismatch(size, [&](ShmGroup& g) {
+                      g.all_reduce(buf(g), 64, DType::kFloat32, ReduceOp::kSum);
+                      g.broadcast(buf(g), 256, 0);
+                    }, [&](ShmGroup& g) { g.broadcast(buf(g), 256, 0); },
+                    "rank 0 called all_reduce #0 (float32, 64 elements, SUM) but rank 1 called "
+                    "broadcast #0");
+  }
+}
+
+TEST(CommSignatures, MatchingCallsAfterManyStepsStillCompare) {
+  // Sequence numbers advance per call, whatever the number of steps.
+  static std::vector<float> a0(300000), a1(300000);
+  run_group(2, small_config(), [&](ShmGroup& g) {
+    float* a = g.rank() == 0 ? a0.data() : a1.data();
+    for (int i = 0; i < 5; ++i) g.all_reduce(a, 300000, DType::kFloat32, ReduceOp::kSum);
+    try {
+      if (g.rank() == 0) g.all_reduce(a, 10, DType::kFloat32, ReduceOp::kSum);
+      else g.all_reduce(a, 10, DType::kFloat32, ReduceOp::kMin);
+      FAIL() << "no error";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("all_reduce #5 (float32, 10 elements, MIN)"),
+                std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(CommSignatures, RecvOfAnotherDtypeFails) {
+  run_group(2, small_config(), [&](ShmGroup& g) {
+    char buf[64] = {};
+    try {
+      if (g.rank() == 0) {
+        g.send_recv_batch({P2POp{true, 1, buf, 16, static_cast<int>(DType::kFloat32)}});
+        g.barrier();  // learns the receiver's failure here
+      } else {
+        g.send_recv_batch({P2POp{false, 0, buf, 16, static_cast<int>(DType::kInt32)}});
+      }
+      FAIL() << "no error on rank " << g.rank();
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("expects int32 from rank 0, which sent float32"),
+                std::string::npos) << e.what();
+    }
+  });
 }

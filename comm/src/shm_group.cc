@@ -110,6 +110,9 @@ struct ShmGroup::RankCtl {
   int32_t sh_fd;
   uint64_t sh_id, sh_size, sh_offset;
   uint32_t sh_ok;  // written before phase 2: 1 mapped every peer, 2 could not
+  // The signature of the call whose first step is s, in sig[s % 2] (written
+  // before phase 1; rewritten two steps later, when every peer is done with it).
+  Sig sig[2];
 };
 
 struct ShmGroup::Chan {
@@ -220,7 +223,10 @@ ShmGroup::ShmGroup(const std::string& name, int rank, int size, const Config& co
 }
 
 ShmGroup::~ShmGroup() {
-  for (auto& [key, m] : peer_maps_) munmap(m.first, m.second);
+  for (auto& [key, m] : peer_maps_) {
+    munmap(m.addr, m.size);
+    close(m.fd);
+  }
   if (base_ != nullptr) {
     if (rank_ == 0 && !unlinked_) shm_unlink(name_.c_str());
     munmap(base_, bytes_);
@@ -390,11 +396,80 @@ void ShmGroup::begin_step(const char* op) {
   cur_ = step_++;
   cur_op_ = op;
   if (cur_ >= 2) wait_peers(-3, op);  // peers done with step cur_-2 (3(s-2)+3 = 3s-3)
+  if (sig_pending_) {
+    sig_pending_ = false;
+    ctl_[rank_].sig[cur_ % 2] = sig_;
+    sig_step_ = cur_;
+  }
 }
 
 void ShmGroup::publish(int k) {
   ctl_[rank_].phase.store(3 * cur_ + k, std::memory_order_release);
   ring();
+  if (k == 1 && cur_ == sig_step_) {
+    // The call's first step: nothing of a peer's has been read or written yet.
+    sig_step_ = UINT64_MAX;
+    wait_peers(1, cur_op_);
+    check_signatures();
+  }
+}
+
+// ---------------------------------------------------------------- signatures
+
+namespace {
+const char* kind_name(uint32_t k) {
+  static const char* const names[] = {"?", "barrier", "all_reduce", "broadcast", "reduce",
+                                      "all_gather", "gather", "scatter", "reduce_scatter",
+                                      "all_to_all"};
+  return k < sizeof(names) / sizeof(names[0]) ? names[k] : "?";
+}
+}  // namespace
+
+void ShmGroup::begin_call(Kind kind, int dtype, uint64_t count, int op, int root) {
+  sig_ = Sig{calls_++, static_cast<uint32_t>(kind), dtype, count, op, root};
+  sig_pending_ = size_ > 1;
+}
+
+std::string ShmGroup::describe(const Sig& s) const {
+  std::ostringstream o;
+  o << kind_name(s.kind) << " #" << s.seq << " (";
+  auto kind = static_cast<Kind>(s.kind);
+  bool reducing = kind == Kind::kAllReduce || kind == Kind::kReduce ||
+                  kind == Kind::kReduceScatter;
+  const char* sep = "";
+  if (reducing) {
+    o << (s.dtype >= 0 ? dtype_name(static_cast<DType>(s.dtype)) : "?") << ", " << s.count
+      << (s.count == 1 ? " element" : " elements");
+    sep = ", ";
+    if (s.op >= 0) o << sep << reduce_op_name(static_cast<ReduceOp>(s.op));
+  } else if (kind != Kind::kBarrier && kind != Kind::kAllToAll) {
+    o << s.count << (s.count == 1 ? " byte" : " bytes");
+    if (s.dtype >= 0) o << " of " << dtype_name(static_cast<DType>(s.dtype));
+    sep = ", ";
+  }
+  if (s.root >= 0) o << sep << "root " << s.root;
+  o << ")";
+  std::string out = o.str();
+  if (out.size() >= 2 && out.compare(out.size() - 2, 2, "()") == 0) out.resize(out.size() - 3);
+  return out;
+}
+
+void ShmGroup::check_signatures() {
+  // Every rank compares rank 0's call with each other rank's, in rank order,
+  // so every rank reports the same pair.
+  auto sig_of = [&](int r) { return r == rank_ ? sig_ : ctl_[r].sig[cur_ % 2]; };
+  const Sig first = sig_of(0);
+  for (int r = 1; r < size_; ++r) {
+    const Sig s = sig_of(r);
+    bool same = s.seq == first.seq && s.kind == first.kind && s.count == first.count &&
+                s.op == first.op && s.root == first.root &&
+                (s.dtype == first.dtype || s.dtype < 0 || first.dtype < 0);
+    if (same) continue;
+    fail("axon process group: collectives do not match across ranks: rank 0 called " +
+         describe(first) + " but rank " + std::to_string(r) + " called " + describe(s) +
+         " (every rank must call the same collectives in the same order, with the same "
+         "sizes, dtypes, ops and roots; the process group is now unusable)");
+  }
 }
 
 void ShmGroup::wait_peers(int k, const char* op, int only_rank) {
@@ -416,14 +491,16 @@ void ShmGroup::wait_peers(int k, const char* op, int only_rank) {
   };
   if (ready()) return;
   wait_for(ready, op, behind,
-           "(collective #" + std::to_string(cur_) + "; every rank must call the same "
-           "collectives in the same order)");
+           "(call #" + std::to_string(calls_ ? calls_ - 1 : 0) + ", step " +
+               std::to_string(cur_) + "; every rank must call the same collectives in the "
+               "same order)");
 }
 
 // ---------------------------------------------------------------- collectives
 
 void ShmGroup::barrier() {
   check_usable("barrier");
+  begin_call(Kind::kBarrier, -1, 0, -1, -1);
   begin_step("barrier");
   publish(1);
   wait_peers(1, "barrier");
@@ -434,6 +511,7 @@ void ShmGroup::all_reduce(void* data, size_t count, DType dt, ReduceOp op, doubl
                           const SharedBuffer* shared) {
   check_usable("all_reduce");
   check_reduce(dt, op);
+  begin_call(Kind::kAllReduce, static_cast<int>(dt), count, static_cast<int>(op), -1);
   size_t bytes = count * dtype_size(dt);
   if (size_ == 1) {
     if (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) {
@@ -495,20 +573,66 @@ void ShmGroup::all_reduce_large(char* data, size_t count, DType dt, ReduceOp op,
 
 // Peer buffers, mapped once per allocation (id) and kept: the next
 // collectives on the same tensors (gradient buckets, FSDP's buffers) find
-// them here.  The cache is dropped when it grows past 256 mappings, by
-// map_all before it maps anything (never between the mappings of one step).
+// them here.  A mapping must not outlive the allocation: the owner truncates
+// the memfd when it frees it (the pages go at once, mapped or not), and
+// sweep_peer_maps, run by map_all before it maps anything (never between the
+// mappings of one step), drops the mappings of truncated memfds and, past
+// Config::peer_map_entries or peer_map_bytes, the least recently used.
 char* ShmGroup::map_peer(int r, int fd, uint64_t id, size_t size) {
   auto key = std::make_pair(r, id);
   auto it = peer_maps_.find(key);
-  if (it != peer_maps_.end()) return static_cast<char*>(it->second.first);
+  if (it != peer_maps_.end()) {
+    it->second.last_used = cur_;
+    return static_cast<char*>(it->second.addr);
+  }
   std::string path = "/proc/" + std::to_string(ctl_[r].pid) + "/fd/" + std::to_string(fd);
   int local = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (local < 0) return nullptr;
+  struct stat st;
+  if (fstat(local, &st) != 0 || static_cast<size_t>(st.st_size) < size) {
+    close(local);  // not (or no longer) the buffer the peer published
+    return nullptr;
+  }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, local, 0);
-  close(local);
-  if (p == MAP_FAILED) return nullptr;
-  peer_maps_.emplace(key, std::make_pair(p, size));
+  if (p == MAP_FAILED) {
+    close(local);
+    return nullptr;
+  }
+  peer_maps_.emplace(key, PeerMap{p, size, local, cur_});
+  peer_map_bytes_ += size;
   return static_cast<char*>(p);
+}
+
+size_t ShmGroup::mapped_peer_bytes() const { return peer_map_bytes_; }
+
+// Makes room for `incoming` new mappings: drops those whose memfd the owner
+// truncated (freed), then the least recently used past the caps.
+void ShmGroup::sweep_peer_maps(size_t incoming_entries, size_t incoming_bytes) {
+  auto drop = [&](decltype(peer_maps_)::iterator it) {
+    munmap(it->second.addr, it->second.size);
+    close(it->second.fd);
+    peer_map_bytes_ -= it->second.size;
+    return peer_maps_.erase(it);
+  };
+  for (auto it = peer_maps_.begin(); it != peer_maps_.end();) {
+    struct stat st;
+    if (fstat(it->second.fd, &st) != 0 || static_cast<size_t>(st.st_size) < it->second.size) {
+      it = drop(it);
+    } else {
+      ++it;
+    }
+  }
+  while (!peer_maps_.empty() &&
+         (peer_maps_.size() + incoming_entries > config_.peer_map_entries ||
+          peer_map_bytes_ + incoming_bytes > config_.peer_map_bytes)) {
+    auto lru = peer_maps_.end();
+    for (auto it = peer_maps_.begin(); it != peer_maps_.end(); ++it) {
+      if (it->second.last_used == cur_) continue;  // needed by this step
+      if (lru == peer_maps_.end() || it->second.last_used < lru->second.last_used) lru = it;
+    }
+    if (lru == peer_maps_.end()) break;
+    drop(lru);
+  }
 }
 
 // All ranks' buffers mapped: rank r reduces slice r, reading it from every
@@ -535,11 +659,22 @@ bool ShmGroup::map_all(const char* op, const SharedBuffer* shared, char* mine,
   publish(1);
   wait_peers(1, op);
   bufs.assign(size_, nullptr);
-  if (peer_maps_.size() + size_ > 256) {
-    for (auto& [k, m] : peer_maps_) munmap(m.first, m.second);
-    peer_maps_.clear();
-  }
   bool ok = shared != nullptr;
+  if (ok) {
+    // The mappings this step needs are kept (used now); the rest may go.
+    size_t new_entries = 0, new_bytes = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || ctl_[r].sh_fd < 0) continue;
+      auto it = peer_maps_.find(std::make_pair(r, ctl_[r].sh_id));
+      if (it != peer_maps_.end()) {
+        it->second.last_used = cur_;
+      } else {
+        ++new_entries;
+        new_bytes += ctl_[r].sh_size;
+      }
+    }
+    sweep_peer_maps(new_entries, new_bytes);
+  }
   for (int r = 0; r < size_ && ok; ++r) {
     if (r == rank_) {
       bufs[r] = mine;
@@ -596,6 +731,7 @@ bool ShmGroup::all_reduce_shared(char* data, size_t count, DType dt, ReduceOp op
 
 void ShmGroup::broadcast(void* data, size_t bytes, int root, const SharedBuffer* shared) {
   check_usable("broadcast");
+  begin_call(Kind::kBroadcast, dtype_tag_, bytes, -1, root);
   if (size_ == 1) return;
   char* p = static_cast<char*>(data);
   // One reader (2 ranks): it copies from the root's buffer directly, one copy
@@ -629,6 +765,7 @@ void ShmGroup::reduce(void* data, size_t count, DType dt, ReduceOp op, int root,
                       double factor) {
   check_usable("reduce");
   check_reduce(dt, op);
+  begin_call(Kind::kReduce, static_cast<int>(dt), count, static_cast<int>(op), root);
   if (size_ == 1) {
     if (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) {
       const void* src = data;
@@ -656,8 +793,9 @@ void ShmGroup::reduce(void* data, size_t count, DType dt, ReduceOp op, int root,
 
 void ShmGroup::all_gather(const void* input, size_t bytes, void* const* outputs,
                           const SharedBuffer* shared) {
+  check_usable("all_gather");
+  begin_call(Kind::kAllGather, dtype_tag_, bytes, -1, -1);
   if (size_ > 1 && bytes * size_ > config_.small_bytes) {
-    check_usable("all_gather");
     // Each rank copies every peer's input straight into its output (one copy).
     std::vector<char*> bufs;
     if (map_all("all_gather", shared, const_cast<char*>(static_cast<const char*>(input)), bufs)) {
@@ -672,6 +810,8 @@ void ShmGroup::all_gather(const void* input, size_t bytes, void* const* outputs,
 }
 
 void ShmGroup::gather(const void* input, size_t bytes, void* const* outputs, int root) {
+  check_usable("gather");
+  begin_call(Kind::kGather, dtype_tag_, bytes, -1, root);
   gather_to(input, bytes, outputs, root, "gather");
 }
 
@@ -703,6 +843,7 @@ void ShmGroup::gather_to(const void* input, size_t bytes, void* const* outputs, 
 
 void ShmGroup::scatter(const void* const* inputs, size_t bytes, void* output, int root) {
   check_usable("scatter");
+  begin_call(Kind::kScatter, dtype_tag_, bytes, -1, root);
   char* out = static_cast<char*>(output);
   if (size_ == 1) {
     if (inputs[0] != output && bytes) std::memmove(output, inputs[0], bytes);
@@ -729,6 +870,7 @@ void ShmGroup::reduce_scatter(const void* const* inputs, void* output, size_t co
                               ReduceOp op, double factor, const SharedBuffer* inputs_shared) {
   check_usable("reduce_scatter");
   check_reduce(dt, op);
+  begin_call(Kind::kReduceScatter, static_cast<int>(dt), count, static_cast<int>(op), -1);
   size_t es = dtype_size(dt);
   if (size_ == 1) {
     axon::comm::reduce(dt, op, output, inputs, 1, count, factor);
@@ -769,6 +911,7 @@ void ShmGroup::all_to_all(const void* const* inputs, const size_t* send_bytes,
                           void* const* outputs, const size_t* recv_bytes,
                           const SharedBuffer* inputs_shared) {
   check_usable("all_to_all");
+  begin_call(Kind::kAllToAll, -1, 0, -1, -1);
   if (size_ == 1) {
     if (send_bytes[0] != recv_bytes[0]) {
       fail("axon process group: all_to_all: rank 0 sends " + std::to_string(send_bytes[0]) +
@@ -857,8 +1000,8 @@ void ShmGroup::recv(void* data, size_t bytes, int peer) {
   send_recv_batch({P2POp{false, peer, data, bytes}});
 }
 
-// Each message is an 8-byte length followed by the payload, streamed through
-// the pair's ring buffer.
+// Each message is a 16-byte header (length, dtype) followed by the payload,
+// streamed through the pair's ring buffer.
 void ShmGroup::send_recv_batch(const std::vector<P2POp>& ops) {
   check_usable("send/recv");
   for (const P2POp& op : ops) {
@@ -869,6 +1012,7 @@ void ShmGroup::send_recv_batch(const std::vector<P2POp>& ops) {
     }
   }
   const size_t cap = config_.p2p_bytes;
+  constexpr size_t kHeader = 16;
   struct State {
     size_t done = 0;     // payload bytes moved
     bool header = false; // length word moved
@@ -910,11 +1054,11 @@ void ShmGroup::send_recv_batch(const std::vector<P2POp>& ops) {
         size_t space = cap - (head - tail);
         bool wrote = false;
         if (!s.header) {
-          if (space < 8) { all = false; continue; }
-          uint64_t len = op.bytes;
-          copy_ring(ring, head, nullptr, reinterpret_cast<const char*>(&len), 8, true);
-          head += 8;
-          space -= 8;
+          if (space < kHeader) { all = false; continue; }
+          int64_t hdr[2] = {static_cast<int64_t>(op.bytes), op.dtype};
+          copy_ring(ring, head, nullptr, reinterpret_cast<const char*>(hdr), kHeader, true);
+          head += kHeader;
+          space -= kHeader;
           s.header = true;
           wrote = true;
         }
@@ -934,16 +1078,24 @@ void ShmGroup::send_recv_batch(const std::vector<P2POp>& ops) {
         size_t avail = head - tail;
         bool read_header = false;
         if (!s.header) {
-          if (avail < 8) { all = false; continue; }
-          uint64_t len = 0;
-          copy_ring(ring, tail, reinterpret_cast<char*>(&len), nullptr, 8, false);
+          if (avail < kHeader) { all = false; continue; }
+          int64_t hdr[2] = {0, -1};
+          copy_ring(ring, tail, reinterpret_cast<char*>(hdr), nullptr, kHeader, false);
+          uint64_t len = static_cast<uint64_t>(hdr[0]);
           if (len != op.bytes) {
             fail("axon process group: recv on rank " + std::to_string(rank_) + " expects " +
                  std::to_string(op.bytes) + " bytes from rank " + std::to_string(op.peer) +
                  ", which sent " + std::to_string(len) + " (tensor sizes of send and recv differ)");
           }
-          tail += 8;
-          avail -= 8;
+          if (hdr[1] >= 0 && op.dtype >= 0 && hdr[1] != op.dtype) {
+            fail("axon process group: recv on rank " + std::to_string(rank_) + " expects " +
+                 dtype_name(static_cast<DType>(op.dtype)) + " from rank " +
+                 std::to_string(op.peer) + ", which sent " +
+                 dtype_name(static_cast<DType>(hdr[1])) + " (" + std::to_string(len) +
+                 " bytes; the dtypes of send and recv differ)");
+          }
+          tail += kHeader;
+          avail -= kHeader;
           s.header = true;
           read_header = true;
         }

@@ -18,6 +18,7 @@
 // running statistics), in place through their host views.  Ops are
 // registered one by one (the list at the end), so each is a deliberate
 // choice; an op whose Meta kernel is missing falls back to tier 3.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -29,6 +30,9 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/strides.h>
+#include <c10/util/bit_cast.h>
+#include <c10/util/overflows.h>
+#include <cmath>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -44,27 +48,233 @@ namespace at::axon {
 
 // ------------------------------------------------------------ launching
 
-void launchChecked(c10::DeviceIndex device, const char* name, uint64_t dtypes, int threads,
+namespace {
+
+// Signatures whose kernel ran once, synchronously, without error or warning
+// (see launchChecked).  Bounded: past kMaxSignatures the set starts afresh
+// (some launches then run synchronously once more).
+constexpr size_t kMaxSignatures = size_t{1} << 16;
+std::mutex signatures_mutex;
+std::unordered_set<uint64_t> signatures;
+std::atomic<uint64_t> signatures_generation{0};
+
+class CollectWarnings final : public c10::WarningHandler {
+ public:
+  std::vector<c10::Warning> warnings;
+  void process(const c10::Warning& warning) override { warnings.push_back(warning); }
+};
+
+// Stream workers: a kernel launched asynchronously had its warnings raised
+// at the call already (see launchChecked); nothing goes to stderr.
+class DropWarnings final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
+thread_local HostWarningScope* current_host_warnings = nullptr;
+
+// Launches that ran synchronously to be checked (a new signature, or a
+// kernel that warns): torch.ops.axon._checked_launches(), for tests and for
+// finding workloads that keep meeting new signatures.
+std::atomic<int64_t> checked_launches{0};
+
+}  // namespace
+
+void launchChecked(c10::DeviceIndex device, const char* name, uint64_t signature, int threads,
                    std::function<void()> fn) {
   // A per-thread cache in front of the shared set: no lock on the hot path.
-  static std::mutex mutex;
-  static std::unordered_set<uint64_t> verified;
   thread_local std::unordered_set<uint64_t> verified_here;
-  const uint64_t key = c10::hash_combine(reinterpret_cast<uintptr_t>(name), dtypes);
-  if (verified_here.count(key) != 0) return launch(device, name, std::move(fn), threads);
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (verified.count(key) != 0) {
-      verified_here.insert(key);
-      return launch(device, name, std::move(fn), threads);
-    }
+  thread_local uint64_t generation_here = 0;
+  const uint64_t key = c10::hash_combine(reinterpret_cast<uintptr_t>(name), signature);
+  const uint64_t generation = signatures_generation.load(std::memory_order_relaxed);
+  if (generation_here != generation || verified_here.size() > kMaxSignatures) {
+    verified_here.clear();
+    generation_here = generation;
   }
+  bool verified = verified_here.count(key) != 0;
+  if (!verified) {
+    std::lock_guard<std::mutex> lock(signatures_mutex);
+    verified = signatures.count(key) != 0;
+    if (verified) verified_here.insert(key);
+  }
+  if (verified) {
+    return launch(device, name, [fn = std::move(fn)] {
+      static DropWarnings drop;
+      c10::WarningUtils::WarningHandlerGuard quiet(&drop);
+      fn();
+    }, threads);
+  }
+  // A new signature: the CPU kernel checks it here, at the call.
+  checked_launches.fetch_add(1, std::memory_order_relaxed);
   syncCurrentStream(device);
-  fn();
+  CollectWarnings collect;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&collect);
+    fn();
+  }
+  bool warned = false;
+  const HostWarningScope* host = HostWarningScope::current();
+  for (const c10::Warning& w : collect.warnings) {
+    if (host != nullptr && host->raised(w.msg())) continue;  // the host's checks raised it
+    warned = true;
+    c10::warn(w);
+  }
+  if (warned) return;  // runs at the call every time: its warnings once per call
   verified_here.insert(key);
-  std::lock_guard<std::mutex> lock(mutex);
-  verified.insert(key);
+  std::lock_guard<std::mutex> lock(signatures_mutex);
+  if (signatures.size() >= kMaxSignatures) {
+    signatures.clear();
+    signatures_generation.fetch_add(1, std::memory_order_relaxed);
+  }
+  signatures.insert(key);
 }
+
+// ------------------------------------------------------------ signatures
+
+namespace {
+
+// Which conversions of s would overflow (c10::checked_convert, what
+// Scalar::to<T>() raises): two Scalars with the same mask pass or fail the
+// same conversions.
+template <typename... To>
+uint64_t overflow_mask(const at::Scalar& s) {
+  uint64_t mask = 0;
+  int bit = 0;
+  if (s.isComplex()) {
+    const auto v = s.toComplexDouble();
+    ((mask |= uint64_t{c10::overflows<To>(v)} << bit++), ...);
+  } else if (s.isFloatingPoint()) {
+    const double v = s.toDouble();
+    ((mask |= uint64_t{c10::overflows<To>(v)} << bit++), ...);
+  } else if (s.type() == at::kUInt64) {
+    const uint64_t v = s.toUInt64();
+    ((mask |= uint64_t{c10::overflows<To>(v)} << bit++), ...);
+  } else if (!s.isBoolean()) {
+    const int64_t v = s.toLong();
+    ((mask |= uint64_t{c10::overflows<To>(v)} << bit++), ...);
+  }
+  return mask;
+}
+
+}  // namespace
+
+void Signature::scalar(const at::Scalar& s) {
+  mix(0x51 + static_cast<uint64_t>(s.type()));
+  if (s.isSymbolic()) return;
+  if (full) {
+    if (s.isComplex()) {
+      const auto v = s.toComplexDouble();
+      mix(c10::bit_cast<uint64_t>(v.real()));
+      mix(c10::bit_cast<uint64_t>(v.imag()));
+    } else if (s.isFloatingPoint()) {
+      mix(c10::bit_cast<uint64_t>(s.toDouble()));
+    } else if (s.type() == at::kUInt64) {
+      mix(s.toUInt64());
+    } else if (s.isBoolean()) {
+      mix(s.toBool());
+    } else {
+      mix(static_cast<uint64_t>(s.toLong()));
+    }
+    return;
+  }
+  // Range class only (a learning rate that changes every step must not make
+  // every step synchronous).
+  mix(overflow_mask<uint8_t, int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t,
+                    c10::Half, c10::BFloat16, float, double, c10::Float8_e4m3fn,
+                    c10::Float8_e5m2, c10::complex<c10::Half>, c10::complex<float>>(s));
+  if (s.isFloatingPoint()) {
+    const double v = s.toDouble();
+    mix((std::isnan(v) ? 1 : 0) | (std::isinf(v) ? 2 : 0) | (v < 0 ? 4 : 0) | (v == 0 ? 8 : 0) |
+        (std::isfinite(v) && v == std::trunc(v) ? 16 : 0));
+  } else if (!s.isComplex() && !s.isBoolean() && s.type() != at::kUInt64) {
+    const int64_t v = s.toLong();
+    mix((v < 0 ? 4 : 0) | (v == 0 ? 8 : 0));
+  }
+}
+
+void Signature::device_tensor(const void* storage_data, int64_t offset, c10::IntArrayRef sizes,
+                              c10::IntArrayRef strides, caffe2::TypeMeta dtype, bool conj,
+                              bool neg) {
+  mix(0x61 + static_cast<uint64_t>(dtype.toScalarType()) * 4 + (conj ? 1 : 0) + (neg ? 2 : 0));
+  if (!full) return;
+  mix(sizes.size());
+  for (int64_t v : sizes) mix(static_cast<uint64_t>(v));
+  for (int64_t v : strides) mix(static_cast<uint64_t>(v));
+  // Aliasing: which storage (in order of appearance), and where in it,
+  // relative to the storage's first tensor here.
+  const int64_t byte_offset = offset * static_cast<int64_t>(dtype.itemsize());
+  size_t index = 0;
+  for (; index < storages.size(); ++index) {
+    if (storages[index].first == storage_data) break;
+  }
+  if (index == storages.size()) storages.emplace_back(storage_data, byte_offset);
+  mix(index);
+  mix(static_cast<uint64_t>(byte_offset - storages[index].second));
+}
+
+void Signature::cpu_tensor(const at::Tensor& t) {
+  mix(0x71 + static_cast<uint64_t>(t.scalar_type()));
+  if (!full) return;
+  mix(t.dim());
+  for (int64_t v : t.sizes()) mix(static_cast<uint64_t>(v));
+  for (int64_t v : t.strides()) mix(static_cast<uint64_t>(v));
+  // The values of a small CPU tensor are host-visible (an index list).
+  constexpr size_t kMaxContents = 4096;
+  if (t.nbytes() <= kMaxContents && !t.is_conj() && !t.is_neg()) {
+    const at::Tensor c = t.contiguous();
+    const auto* p = static_cast<const unsigned char*>(c.const_data_ptr());
+    const size_t n = c.numel() * c.element_size();
+    uint64_t word = 0;
+    for (size_t i = 0; i < n; ++i) {
+      word = (word << 8) | p[i];
+      if (i % 8 == 7) mix(word), word = 0;
+    }
+    mix(word);
+  }
+}
+
+void Signature::tensor(const at::Tensor& t) {
+  if (!t.defined()) return undefined();
+  if (t.is_cpu()) {
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      mix(0x21);
+      mix(static_cast<uint64_t>(t.scalar_type()));
+      return scalar(wrappedNumberValue(t));
+    }
+    return cpu_tensor(t);
+  }
+  device_tensor(t.storage().data(), t.storage_offset(), t.sizes(), t.strides(), t.dtype(),
+                t.is_conj(), t.is_neg());
+}
+
+void Signature::string(std::string_view s) { mix(std::hash<std::string_view>{}(s)); }
+
+// ------------------------------------------------------------ host warnings
+
+HostWarningScope::HostWarningScope()
+    : prev_(c10::WarningUtils::get_warning_handler()), outer_(current_host_warnings) {
+  c10::WarningUtils::set_warning_handler(this);
+  current_host_warnings = this;
+}
+
+HostWarningScope::~HostWarningScope() {
+  c10::WarningUtils::set_warning_handler(prev_);
+  current_host_warnings = outer_;
+}
+
+void HostWarningScope::process(const c10::Warning& warning) {
+  messages_.push_back(warning.msg());
+  prev_->process(warning);
+}
+
+bool HostWarningScope::raised(const std::string& message) const {
+  for (const std::string& m : messages_) {
+    if (m == message) return true;
+  }
+  return outer_ != nullptr && outer_->raised(message);
+}
+
+HostWarningScope* HostWarningScope::current() { return current_host_warnings; }
 
 at::Tensor emptyDevice(c10::IntArrayRef sizes, c10::IntArrayRef strides,
                        c10::ScalarType dtype, c10::DeviceIndex device) {
@@ -211,9 +421,12 @@ bool is_generator_arg(const c10::Argument& arg) {
 
 at::Tensor meta_like(const at::Tensor& t) {
   if (!t.defined()) return t;
+  // A Python number stays one (a CPU scalar, which Meta kernels take among
+  // meta tensors): type promotion treats it as a scalar (int64 tensor // 0.5
+  // is float32, not float64).
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
   return at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type(),
-                                        std::nullopt, c10::Device(c10::kMeta),
-                                        std::nullopt);
+                                        std::nullopt, c10::Device(c10::kMeta), std::nullopt);
 }
 
 at::Tensor device_like(const at::Tensor& meta, c10::DeviceIndex device) {
@@ -253,10 +466,37 @@ struct CpuWork {
   std::vector<c10::IValue> args;
   std::vector<c10::IValue> outputs;  // functional ops: where results go
 
+  // Host views of arguments in one device storage share one CPU storage (the
+  // same tensor when the geometry is the same too), so that the CPU kernel's
+  // overlap checks see what they would on the CPU.
+  std::vector<std::pair<at::Tensor, at::Tensor>> views;  // (device, host)
+
   at::Tensor capture(const at::Tensor& t) {
     if (!t.defined()) return t;
     if (t.is_cpu()) return snapshotCpuTensor(t);
-    return hostView(t);
+    const void* data = t.storage().data();
+    for (const auto& [d, h] : views) {
+      if (data == nullptr || d.storage().data() != data ||
+          d.storage().nbytes() != t.storage().nbytes()) {
+        continue;
+      }
+      if (d.sizes() == t.sizes() && d.strides() == t.strides() &&
+          d.storage_offset() == t.storage_offset() && d.dtype() == t.dtype() &&
+          d.is_conj() == t.is_conj() && d.is_neg() == t.is_neg()) {
+        return h;
+      }
+      auto impl = c10::make_intrusive<c10::TensorImpl>(
+          c10::Storage(h.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+      impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+      impl->_set_conj(t.is_conj());
+      impl->_set_neg(t.is_neg());
+      at::Tensor v(std::move(impl));
+      views.emplace_back(t, v);
+      return v;
+    }
+    at::Tensor v = hostView(t);
+    if (data != nullptr) views.emplace_back(t, v);
+    return v;
   }
 
   void operator()() const {
@@ -319,30 +559,33 @@ struct CpuWork {
   }
 };
 
-bool all_empty(const c10::IValue& v) {
-  if (v.isTensor()) return !v.toTensor().defined() || v.toTensor().numel() == 0;
-  if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) {
-      if (t.defined() && t.numel() > 0) return false;
-    }
-  }
-  return true;
-}
-
-void hash_dtypes(uint64_t& h, const c10::IValue& v) {
+// The launch's signature (HostChecks::kFull: Meta kernels run on meta
+// stand-ins, which know nothing of aliasing, and may check less than the CPU
+// kernel) over the op's arguments as the kernel will see them.
+void sign(Signature& sig, const c10::IValue& v) {
   if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    h = h * 131 + (t.defined() ? static_cast<uint64_t>(t.scalar_type()) + 1 : 0);
+    sig.tensor(v.toTensor());
+  } else if (v.isTensorList()) {
+    const auto list = v.toTensorList();
+    sig.mix(0x81 + list.size());
+    for (const at::Tensor& t : list) sig.tensor(t);
   } else if (v.isList()) {
-    for (const c10::IValue& e : v.toListRef()) hash_dtypes(h, e);
+    const auto list = v.toListRef();
+    sig.mix(0x91 + list.size());
+    for (const c10::IValue& e : list) sign(sig, e);
+  } else if (v.isNone()) {
+    sig.mix(0x31);
+  } else if (v.isInt() || v.isDouble() || v.isBool() || v.isComplexDouble()) {
+    sig.scalar(v.toScalar());
+  } else if (v.isString()) {
+    sig.string(v.toStringRef());
+  } else if (v.isDevice()) {
+    sig.mix(0xa1 + static_cast<uint64_t>(v.toDevice().type()));
+  } else if (v.isGenerator()) {
+    sig.mix(0xb1);
+  } else {
+    sig.mix(0xc1);
   }
-}
-
-uint64_t dtype_hash(const CpuWork& work) {
-  uint64_t h = 0;
-  for (const c10::IValue& v : work.args) hash_dtypes(h, v);
-  for (const c10::IValue& v : work.outputs) hash_dtypes(h, v);
-  return h;
 }
 
 // Listed ops without Meta kernels, whose result has the shape and dtype of
@@ -362,6 +605,58 @@ std::optional<int> without_meta(const c10::FunctionSchema& schema) {
   return it->second;
 }
 
+// The storages of v's device tensors (by identity: empty ones have no data).
+void add_storages(const c10::IValue& v, std::vector<const void*>& out) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (t.defined() && !t.is_cpu() && t.has_storage()) {
+      out.push_back(t.storage().unsafeGetStorageImpl());
+    }
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) add_storages(t, out);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) add_storages(e, out);
+  }
+}
+
+bool changes_geometry(const c10::IValue& meta, const c10::IValue& dev) {
+  if (meta.isTensor() && dev.isTensor()) {
+    const at::Tensor& m = meta.toTensor();
+    const at::Tensor& d = dev.toTensor();
+    return m.defined() && d.defined() && (m.sizes() != d.sizes() || m.strides() != d.strides());
+  }
+  if (meta.isTensorList() && dev.isTensorList()) {
+    auto m = meta.toTensorList();
+    auto d = dev.toTensorList();
+    for (size_t i = 0; i < m.size() && i < d.size(); ++i) {
+      if (changes_geometry(c10::IValue(m.get(i)), c10::IValue(d.get(i)))) return true;
+    }
+  }
+  return false;
+}
+
+// Whether a written argument whose geometry the Meta kernel changes shares
+// memory with another argument.
+bool resizes_an_alias(const torch::jit::Stack& stack, size_t begin, size_t num_args,
+                      const std::vector<bool>& written,
+                      const std::vector<c10::IValue>& written_meta) {
+  size_t w = 0;
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!written[i]) continue;
+    const c10::IValue& dev = stack[begin + i];
+    if (!changes_geometry(written_meta[w++], dev)) continue;
+    std::vector<const void*> mine, others;
+    add_storages(dev, mine);
+    for (size_t j = 0; j < num_args; ++j) {
+      if (j != i) add_storages(stack[begin + j], others);
+    }
+    for (const void* p : mine) {
+      if (std::find(others.begin(), others.end(), p) != others.end()) return true;
+    }
+  }
+  return false;
+}
+
 void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   OpPlan& plan = plan_for(schema);
@@ -370,6 +665,7 @@ void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = schema.arguments().size();
   const size_t begin = stack->size() - num_args;
   const c10::DeviceIndex device = OpDevice(schema).scan(*stack);
+  HostWarningScope host_warnings;  // the Meta kernel's warnings, not raised twice
 
   // Meta stand-ins: errors and result geometry.
   torch::jit::Stack meta;
@@ -406,9 +702,22 @@ void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     } catch (const c10::NotImplementedError&) {
       plan.kind = OpPlan::Kind::kUnsupported;  // no Meta kernel: tier 3 from now on
       return axonFallback(op, stack);
+    } catch (const std::exception&) {
+      // The Meta kernel refuses the arguments, often with another message
+      // (or exception type) than the CPU kernel's: let the CPU kernel, run
+      // synchronously on host views, raise its own error (or, where the CPU
+      // accepts what the Meta kernel refuses, compute the result).
+      return axonFallback(op, stack);
     }
   }
 
+  if (plan.kind == OpPlan::Kind::kMutating &&
+      resizes_an_alias(*stack, begin, num_args, plan.written, written_meta)) {
+    // An out= argument the Meta kernel resizes shares memory with another
+    // argument: the CPU kernel checks the overlap before resizing, so it
+    // runs as it would on the CPU (tier 3), raising its own error.
+    return axonFallback(op, stack);
+  }
   if (plan.kind == OpPlan::Kind::kMutating) {  // out= tensors take their new shapes
     size_t w = 0;
     for (size_t i = 0; i < num_args; ++i) {
@@ -416,7 +725,10 @@ void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
-  CpuWork work{op, {}, {}};
+  Signature signature(HostChecks::kFull);
+  for (size_t i = 0; i < num_args; ++i) sign(signature, (*stack)[begin + i]);
+
+  CpuWork work{op, {}, {}, {}};
   work.args.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = (*stack)[begin + i];
@@ -435,29 +747,27 @@ void async_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 
   const char* name = plan.name.c_str();
+  work.views.clear();  // the kernel holds no references to device memory
   if (plan.kind == OpPlan::Kind::kMutating) {
     std::vector<c10::IValue> returns;
     for (size_t r : plan.return_arg) returns.push_back((*stack)[begin + r]);
-    const uint64_t dtypes = dtype_hash(work);
-    launchChecked(device, name, dtypes, 0, std::move(work));
+    launchChecked(device, name, signature.hash, 0, std::move(work));
     torch::jit::drop(*stack, num_args);
     for (auto& r : returns) stack->push_back(std::move(r));
     return;
   }
 
-  bool empty = true;
   std::vector<c10::IValue> results;
   for (const c10::IValue& m : meta) {
     results.push_back(map_tensors(m, [&](const at::Tensor& t) { return device_like(t, device); }));
-    empty = empty && all_empty(results.back());
     work.outputs.push_back(map_tensors(results.back(), [&](const at::Tensor& t) {
       return work.capture(t);
     }));
   }
-  if (!empty) {
-    const uint64_t dtypes = dtype_hash(work);
-    launchChecked(device, name, dtypes, 0, std::move(work));
-  }
+  work.views.clear();
+  // Empty results too: the CPU kernel still checks the arguments (a dtype it
+  // does not take raises on the CPU whatever the size).
+  launchChecked(device, name, signature.hash, 0, std::move(work));
   torch::jit::drop(*stack, num_args);
   for (auto& r : results) stack->push_back(std::move(r));
 }
@@ -563,6 +873,10 @@ void logcumsumexp_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   async_kernel(op, stack);
 }
 
+TORCH_LIBRARY_FRAGMENT(axon, m) {
+  m.def("_checked_launches() -> int", []() -> int64_t { return checked_launches.load(); });
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_logcumsumexp", torch::CppFunction::makeFromBoxedFunction<&logcumsumexp_kernel>());
   for (const char* op : {"native_batch_norm", "_native_batch_norm_legit",
@@ -594,8 +908,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
            "cumprod.out", "nansum.out", "histc.out",
            "aminmax.out", "aminmax",
            // elementwise ops off the hot path
+           // (their functional forms too: ATen's composites for other backends
+           // allocate a contiguous result where the CPU's follows the input's layout)
            "logical_not.out", "logical_and.out", "logical_or.out", "logical_xor.out",
-           "abs.out", "sign.out", "floor.out", "ceil.out", "round.out", "trunc.out",
+           "logical_not", "logical_and", "logical_or", "logical_xor",
+           "abs.out", "abs", "sign.out", "floor.out", "ceil.out", "round.out", "trunc.out",
            "fmod.Tensor_out", "fmod.Scalar_out", "remainder.Tensor_out", "remainder.Scalar_out",
            "atan2.out", "expm1.out", "log2.out", "log10.out", "exp2.out", "erfinv.out",
            "hardtanh.out", "hardtanh_backward.grad_input", "leaky_relu.out",

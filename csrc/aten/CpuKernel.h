@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -18,6 +19,7 @@
 #include <ATen/core/List.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/OptionalArrayRef.h>
+#include <c10/util/bit_cast.h>
 
 #include "HostView.h"
 #include "Launch.h"
@@ -105,6 +107,10 @@ inline std::vector<std::optional<DeviceView>> capture(
   return out;
 }
 inline std::string capture(std::string_view s) { return std::string(s); }
+inline std::optional<std::string> capture(const std::optional<c10::string_view>& s) {
+  if (!s.has_value()) return std::nullopt;
+  return std::string(*s);
+}
 template <typename T>
 T capture(const T& v) {
   return v;
@@ -139,23 +145,58 @@ inline c10::List<std::optional<at::Tensor>> host(
   return out;
 }
 inline std::string_view host(const std::string& s) { return s; }
+inline std::optional<c10::string_view> host(const std::optional<std::string>& s) {
+  if (!s.has_value()) return std::nullopt;
+  return c10::string_view(*s);
+}
 template <typename T>
 const T& host(const T& v) {
   return v;
 }
 
-// ---- the dtypes of the tensor arguments, hashed (see launchChecked)
-inline void add_dtypes(uint64_t& h, const DeviceView& v) {
-  h = h * 131 + (v.defined() ? static_cast<uint64_t>(v.scalar_type()) + 1 : 0);
-}
-inline void add_dtypes(uint64_t& h, const std::optional<DeviceView>& v) {
-  if (v.has_value()) add_dtypes(h, *v);
-}
-template <typename T>
-void add_dtypes(uint64_t&, const T&) {}
+// ---- the launch's signature (see HostChecks in Launch.h)
+inline void add_signature(Signature& s, const DeviceView& v);
+inline void add_signature(Signature& s, const at::Scalar& v);
+inline void add_signature(Signature& s, const std::string& v);
 template <typename V>
-void add_dtypes(uint64_t& h, const std::vector<V>& list) {
-  for (const V& v : list) add_dtypes(h, v);
+void add_signature(Signature& s, const std::optional<V>& v);
+template <typename V>
+void add_signature(Signature& s, const std::vector<V>& list);
+template <typename T>
+void add_signature(Signature& s, const T& v);
+
+inline void add_signature(Signature& s, const DeviceView& v) {
+  if (!v.defined()) return s.undefined();
+  if (v.number.has_value()) {
+    s.mix(0x21);
+    s.mix(static_cast<uint64_t>(v.dtype.toScalarType()));
+    return s.scalar(*v.number);
+  }
+  if (!v.on_device) return s.cpu_tensor(v.cpu);
+  s.device_tensor(v.data, v.offset, v.sizes, v.strides, v.dtype, v.conj, v.neg);
+}
+inline void add_signature(Signature& s, const at::Scalar& v) { s.scalar(v); }
+inline void add_signature(Signature& s, const std::string& v) { s.string(v); }
+template <typename V>
+void add_signature(Signature& s, const std::optional<V>& v) {
+  if (!v.has_value()) return s.mix(0x31);
+  s.mix(0x32);
+  add_signature(s, *v);
+}
+template <typename V>
+void add_signature(Signature& s, const std::vector<V>& list) {
+  s.mix(0x41 + list.size());
+  for (const V& v : list) add_signature(s, v);
+}
+// Plain values (dims, flags, sizes, enums): exact.  Generators and kernel
+// state: nothing the host checks.
+template <typename T>
+void add_signature(Signature& s, const T& v) {
+  if constexpr (std::is_enum_v<T> || std::is_integral_v<T>) {
+    s.mix(static_cast<uint64_t>(v));
+  } else if constexpr (std::is_floating_point_v<T>) {
+    s.mix(c10::bit_cast<uint64_t>(static_cast<double>(v)));
+  }
 }
 
 // ---- the elements the tensor arguments hold (see kernelThreads)
@@ -179,25 +220,52 @@ void add_elements(int64_t& n, const std::vector<V>& list) {
 // out=) get one host view, as they are one tensor on the CPU: kernels test
 // `out.is_same(self)` and otherwise first copy all of self into out
 // (index_copy_, index_add_, scatter_ ...: a static KV cache's update would copy
-// the whole cache).
+// the whole cache).  Arguments in the same device memory with another
+// geometry get host views of one CPU storage, so that the CPU kernel's
+// overlap checks (assert_no_partial_overlap ...) see what the CPU would.
 struct SameViews {
   c10::SmallVector<std::pair<const DeviceView*, at::Tensor>, 6> seen;
   at::Tensor operator()(const DeviceView& v) {
     // (Empty storages are not merged: unrelated empty outputs share no memory.)
     if (!v.on_device || v.data == nullptr || v.nbytes == 0) return v.view();
+    const at::Tensor* same_storage = nullptr;
     for (const auto& [p, t] : seen) {
-      if (p->data == v.data && p->nbytes == v.nbytes && p->offset == v.offset &&
-          p->sizes == v.sizes && p->strides == v.strides && p->dtype == v.dtype &&
-          p->conj == v.conj && p->neg == v.neg) {
+      if (p->data != v.data || p->nbytes != v.nbytes) continue;
+      if (p->offset == v.offset && p->sizes == v.sizes && p->strides == v.strides &&
+          p->dtype == v.dtype && p->conj == v.conj && p->neg == v.neg) {
         return t;
       }
+      same_storage = &t;
     }
-    at::Tensor t = v.view();
+    at::Tensor t = same_storage != nullptr ? viewOfStorage(same_storage->storage(), v) : v.view();
     seen.emplace_back(&v, t);
     return t;
   }
+  static at::Tensor viewOfStorage(const c10::Storage& storage, const DeviceView& v) {
+    auto impl = c10::make_intrusive<c10::TensorImpl>(
+        c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), v.dtype);
+    impl->set_sizes_and_strides(v.sizes, v.strides, v.offset);
+    impl->_set_conj(v.conj);
+    impl->_set_neg(v.neg);
+    return at::Tensor(std::move(impl));
+  }
 };
 inline at::Tensor host(const DeviceView& v, SameViews& same) { return same(v); }
+inline std::optional<at::Tensor> host(const std::optional<DeviceView>& v, SameViews& same) {
+  if (!v.has_value()) return std::nullopt;
+  return same(*v);
+}
+inline HostTensorList host(const std::vector<DeviceView>& v, SameViews& same) {
+  HostTensorList out;
+  for (const DeviceView& t : v) out.views.push_back(same(t));
+  return out;
+}
+inline c10::List<std::optional<at::Tensor>> host(
+    const std::vector<std::optional<DeviceView>>& list, SameViews& same) {
+  c10::List<std::optional<at::Tensor>> out;
+  for (const std::optional<DeviceView>& t : list) out.push_back(host(t, same));
+  return out;
+}
 template <typename T>
 decltype(auto) host(const T& v, SameViews&) {
   return host(v);
@@ -215,16 +283,19 @@ void call_on_host(const Fn& fn, const Tuple& captured, std::index_sequence<I...>
 
 namespace at::axon {
 
-template <typename Fn, typename... Args>
+// `checks`: how much of the arguments identify the launch's host-visible
+// checks (Launch.h): kMeta when the caller ran the op's complete checks.
+template <HostChecks checks = HostChecks::kFull, typename Fn, typename... Args>
 void launchCpuKernel(c10::DeviceIndex device, const char* name, Fn fn, const Args&... args) {
   auto captured = std::make_tuple(cpu_kernel::capture(args)...);
-  uint64_t dtypes = 0;
+  Signature signature(checks);
   int64_t elements = 0;
   std::apply([&](const auto&... c) {
-    (cpu_kernel::add_dtypes(dtypes, c), ...);
+    (cpu_kernel::add_signature(signature, c), ...);
     (cpu_kernel::add_elements(elements, c), ...);
   }, captured);
-  launchChecked(device, name, dtypes, kernelThreads(elements), [fn, captured = std::move(captured)]() {
+  launchChecked(device, name, signature.hash, kernelThreads(elements),
+                [fn, captured = std::move(captured)]() {
     // The kernel's nested ops work on plain CPU buffers: no autograd.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     cpu_kernel::call_on_host(fn, captured, std::index_sequence_for<Args...>{});

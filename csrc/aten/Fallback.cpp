@@ -1,8 +1,11 @@
 #include "Fallback.h"
 
+#include <axon/env.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -30,8 +33,7 @@ std::unordered_map<const c10::FunctionSchema*, OpCount> stats;
 
 bool warn_enabled() {
   static const bool enabled = [] {
-    const char* v = std::getenv("AXON_FALLBACK_WARN");
-    return v != nullptr && std::string(v) == "1";
+    return ::axon::rt::env_bool("AXON_FALLBACK_WARN", false);
   }();
   return enabled;
 }
@@ -207,6 +209,9 @@ class Fallback {
     c10::DeviceGuard guard(c10::Device(kAxon, device_));
     syncCurrentStream(device_);
     for (size_t i = 0; i < num_args; ++i) {
+      note_written((*stack_)[begin + i], schema_.arguments()[i]);
+    }
+    for (size_t i = 0; i < num_args; ++i) {
       to_host((*stack_)[begin + i], schema_.arguments()[i]);
     }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack_);
@@ -220,9 +225,45 @@ class Fallback {
   }
 
  private:
+  // Device storages that the op writes through some argument.
+  void note_written(const c10::IValue& v, const c10::Argument& arg) {
+    if (arg.alias_info() == nullptr || !arg.alias_info()->isWrite()) return;
+    auto note = [&](const at::Tensor& t) {
+      if (t.defined() && t.device().type() == kAxon && t.storage().data() != nullptr) {
+        written_.insert(t.storage().data());
+      }
+    };
+    if (v.isTensor()) {
+      note(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) note(t);
+    }
+  }
+
+  // Host views of one device storage share one CPU storage (and one tensor
+  // is one host view), so that the CPU kernel's overlap checks (out= sharing
+  // memory with an input: assert_no_overlap ...) see what the CPU would.
   at::Tensor host(const at::Tensor& t, bool mutated) {
     if (!t.defined() || t.device().type() != kAxon) return t;
-    at::Tensor h = hostView(t, /*resizable=*/mutated);
+    if (auto same = host_of_.find(t.unsafeGetTensorImpl()); same != host_of_.end()) {
+      if (mutated) mutated_.emplace_back(same->second, t);
+      return same->second;
+    }
+    const void* data = t.storage().data();
+    at::Tensor h;
+    if (auto shared = data != nullptr ? cpu_storages_.find(data) : cpu_storages_.end();
+        shared != cpu_storages_.end() && shared->second.nbytes() == t.storage().nbytes()) {
+      auto impl = c10::make_intrusive<c10::TensorImpl>(
+          c10::Storage(shared->second), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+      impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+      impl->_set_conj(t.is_conj());
+      impl->_set_neg(t.is_neg());
+      h = at::Tensor(std::move(impl));
+    } else {
+      h = hostView(t, /*resizable=*/mutated || (data != nullptr && written_.count(data) != 0));
+      if (data != nullptr) cpu_storages_.emplace(data, h.storage());
+    }
+    host_of_.emplace(t.unsafeGetTensorImpl(), h);
     originals_.emplace(h.unsafeGetTensorImpl(), t);
     if (t.storage().data() != nullptr) bases_.emplace(t.storage().data(), t);
     if (mutated) mutated_.emplace_back(h, t);
@@ -318,6 +359,9 @@ class Fallback {
   std::unordered_map<const c10::TensorImpl*, at::Tensor> originals_;
   std::unordered_map<const void*, at::Tensor> bases_;
   std::vector<std::pair<at::Tensor, at::Tensor>> mutated_;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> host_of_;
+  std::unordered_map<const void*, c10::Storage> cpu_storages_;
+  std::unordered_set<const void*> written_;
 };
 
 }  // namespace

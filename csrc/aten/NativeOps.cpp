@@ -1,11 +1,18 @@
+// Empty tensors launch too: the CPU kernel checks what it takes whatever the
+// size (index values of index_select into an empty result, dtypes).
+//
 // Tier 2 for hot ops that ATen does not structure (no meta function to
 // borrow): the host does PyTorch's argument checks and works out the result's
-// shape itself, then enqueues the at::cpu:: kernel.  Random ops reserve their
+// shape itself, then enqueues the at::cpu:: kernel.  Where those checks are
+// complete the launch says HostChecks::kMeta; elsewhere the CPU kernel checks
+// each new signature at the call (Launch.h).  Random ops reserve their
 // numbers from the axon generator at launch, so results do not depend on when
 // the stream runs them.
 #include <cmath>
 
 #include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/TypeProperties.h>
 #include <ATen/ops/addr_native.h>
@@ -42,11 +49,9 @@ c10::DeviceIndex device_of(const at::Tensor& t, const char* op) { return axonDev
 
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   const auto device = device_of(self, "fill_");
-  if (self.numel() > 0) {
-    launchCpuKernel(device, "aten::fill_.Scalar",
-                    static_cast<at::Tensor& (*)(at::Tensor&, const at::Scalar&)>(&at::cpu::fill_),
-                    self, value);
-  }
+  launchCpuKernel<HostChecks::kMeta>(device, "aten::fill_.Scalar",
+                  static_cast<at::Tensor& (*)(at::Tensor&, const at::Scalar&)>(&at::cpu::fill_),
+                  self, value);
   return self;
 }
 
@@ -56,17 +61,15 @@ at::Tensor& fill_tensor(at::Tensor& self, const at::Tensor& value) {
               value.dim(), " dimensions.");
   const auto device = device_of(self, "fill_");
   checkSameDevice("aten::fill_.Tensor", device, value);
-  if (self.numel() > 0) {
-    launchCpuKernel(device, "aten::fill_.Tensor",
-                    static_cast<at::Tensor& (*)(at::Tensor&, const at::Tensor&)>(&at::cpu::fill_),
-                    self, value);
-  }
+  launchCpuKernel<HostChecks::kMeta>(device, "aten::fill_.Tensor",
+                  static_cast<at::Tensor& (*)(at::Tensor&, const at::Tensor&)>(&at::cpu::fill_),
+                  self, value);
   return self;
 }
 
 at::Tensor& zero_(at::Tensor& self) {
   const auto device = device_of(self, "zero_");
-  if (self.numel() > 0) launchCpuKernel(device, "aten::zero_", &at::cpu::zero_, self);
+  launchCpuKernel<HostChecks::kMeta>(device, "aten::zero_", &at::cpu::zero_, self);
   return self;
 }
 
@@ -83,12 +86,10 @@ at::Tensor& masked_fill_scalar(at::Tensor& self, const at::Tensor& mask,
   const auto device = device_of(self, "masked_fill_");
   checkSameDevice("aten::masked_fill_.Scalar", device, mask);
   check_mask("masked_fill_", self, mask);
-  if (self.numel() > 0) {
-    launchCpuKernel(device, "aten::masked_fill_.Scalar",
-                    static_cast<at::Tensor& (*)(at::Tensor&, const at::Tensor&, const at::Scalar&)>(
-                        &at::cpu::masked_fill_),
-                    self, mask, value);
-  }
+  launchCpuKernel(device, "aten::masked_fill_.Scalar",
+                  static_cast<at::Tensor& (*)(at::Tensor&, const at::Tensor&, const at::Scalar&)>(
+                      &at::cpu::masked_fill_),
+                  self, mask, value);
   return self;
 }
 
@@ -101,12 +102,10 @@ at::Tensor& masked_fill_tensor(at::Tensor& self, const at::Tensor& mask,
   checkSameDevice("aten::masked_fill_.Tensor", device, mask);
   checkSameDevice("aten::masked_fill_.Tensor", device, value);
   check_mask("masked_fill_", self, mask);
-  if (self.numel() > 0) {
-    launchCpuKernel(device, "aten::masked_fill_.Tensor",
-                    static_cast<at::Tensor& (*)(at::Tensor&, const at::Tensor&, const at::Tensor&)>(
-                        &at::cpu::masked_fill_),
-                    self, mask, value);
-  }
+  launchCpuKernel(device, "aten::masked_fill_.Tensor",
+                  static_cast<at::Tensor& (*)(at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+                      &at::cpu::masked_fill_),
+                  self, mask, value);
   return self;
 }
 
@@ -119,11 +118,15 @@ at::Tensor& where_out(const at::Tensor& cond, const at::Tensor& self, const at::
   TORCH_CHECK(cond.scalar_type() == at::kBool || cond.scalar_type() == at::kByte,
               "where expected condition to be a boolean tensor, but got a tensor with dtype ",
               cond.scalar_type());
+  const auto result_type = at::native::result_type(self, other);
+  TORCH_CHECK(out.scalar_type() == result_type, "Expected out type to be ", result_type,
+              " but got ", out.scalar_type());
   const auto sizes = at::infer_size(cond.sizes(), at::infer_size(self.sizes(), other.sizes()));
+  // As the CPU's TensorIterator, before resizing out.
+  at::assert_no_internal_overlap(out);
+  for (const at::Tensor* t : {&cond, &self, &other}) at::assert_no_partial_overlap(out, *t);
   at::native::resize_output(out, sizes);
-  if (out.numel() > 0) {
-    launchCpuKernel(device, "aten::where.self_out", &at::cpu::where_outf, cond, self, other, out);
-  }
+  launchCpuKernel(device, "aten::where.self_out", &at::cpu::where_outf, cond, self, other, out);
   return out;
 }
 
@@ -133,7 +136,23 @@ at::Tensor where(const at::Tensor& cond, const at::Tensor& self, const at::Tenso
     if (t->device().type() == kAxon) device = t->device().index();
   }
   TORCH_CHECK(device >= 0, "where: expected an axon tensor");
-  at::Tensor out = emptyDevice({0}, {1}, at::result_type(self, other), device);
+  // The result laid out as the CPU's TensorIterator lays it out (a
+  // transposed input gives a transposed result), so that later views and
+  // reshapes behave as on the CPU.
+  at::Tensor out;
+  if (cond.device() == self.device() && self.device() == other.device()) {
+    at::Tensor undefined;
+    at::TensorIteratorConfig config;
+    config.check_all_same_dtype(false)
+        .declare_static_dtype_and_device(at::result_type(self, other), c10::Device(kAxon, device))
+        .add_output(undefined)
+        .add_const_input(cond)
+        .add_const_input(self)
+        .add_const_input(other);
+    out = config.build().output();
+  } else {
+    out = emptyDevice({0}, {1}, at::result_type(self, other), device);
+  }
   return where_out(cond, self, other, out);
 }
 
@@ -142,19 +161,24 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
   const auto device = device_of(out, "index_select");
   checkSameDevice("aten::index_select.out", device, self);
   checkSameDevice("aten::index_select.out", device, index);
-  TORCH_CHECK(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
+  // The CPU kernel's checks, in its order (out is resized below).
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  TORCH_CHECK_INDEX(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
+  TORCH_CHECK(!(self.dim() == 0 && index.numel() != 1),
+              "index_select(): Index to scalar can have only 1 value, got ", index.numel(),
+              " value(s)");
   TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
               "index_select(): Expected dtype int32 or int64 for index");
   TORCH_CHECK(self.scalar_type() == out.scalar_type(),
               "index_select(): self and result must have the same scalar type");
-  dim = c10::maybe_wrap_dim(dim, self.dim());
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, self);
+  at::assert_no_overlap(out, index);
   std::vector<int64_t> sizes = self.sizes().vec();
   if (self.dim() > 0) sizes[dim] = index.numel();
   at::native::resize_output(out, sizes);
-  if (out.numel() > 0) {
-    launchCpuKernel(device, "aten::index_select.out", &at::cpu::index_select_outf, self, dim,
-                    index, out);
-  }
+  launchCpuKernel(device, "aten::index_select.out", &at::cpu::index_select_outf, self, dim,
+                  index, out);
   return out;
 }
 
@@ -192,7 +216,8 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
   const int64_t size = static_cast<int64_t>(size_d);
   if (out.numel() != size) out.resize_({size});
   if (size > 0) {
-    launchCpuKernel(device, "aten::arange.start_out", &at::cpu::arange_outf, start, end, step, out);
+    launchCpuKernel<HostChecks::kMeta>(device, "aten::arange.start_out", &at::cpu::arange_outf,
+                                       start, end, step, out);
   }
   return out;
 }
@@ -203,24 +228,21 @@ at::Tensor relu(const at::Tensor& self) {
   TORCH_CHECK(self.scalar_type() != at::kBool, "Boolean inputs not supported for relu");
   const auto device = device_of(self, "relu");
   at::Tensor out = emptyDeviceLike(self, self.scalar_type());
-  if (out.numel() > 0) {
-    launchCpuKernel(device, "aten::relu",
-                    static_cast<at::Tensor& (*)(const at::Tensor&, const at::Scalar&, at::Tensor&)>(
-                        &at::cpu::clamp_min_outf),
-                    self, at::Scalar(0), out);
-  }
+  launchCpuKernel<HostChecks::kMeta>(device, "aten::relu",
+                  static_cast<at::Tensor& (*)(const at::Tensor&, const at::Scalar&, at::Tensor&)>(
+                      &at::cpu::clamp_min_outf),
+                  self, at::Scalar(0), out);
   return out;
 }
 
 at::Tensor& relu_(at::Tensor& self) {
   TORCH_CHECK(self.scalar_type() != at::kBool, "Boolean inputs not supported for relu");
   const auto device = device_of(self, "relu_");
-  if (self.numel() > 0) {
-    launchCpuKernel(device, "aten::relu_",
-                    static_cast<at::Tensor& (*)(const at::Tensor&, const at::Scalar&, at::Tensor&)>(
-                        &at::cpu::clamp_min_outf),
-                    self, at::Scalar(0), self);
-  }
+  at::assert_no_internal_overlap(self);
+  launchCpuKernel<HostChecks::kMeta>(device, "aten::relu_",
+                  static_cast<at::Tensor& (*)(const at::Tensor&, const at::Scalar&, at::Tensor&)>(
+                      &at::cpu::clamp_min_outf),
+                  self, at::Scalar(0), self);
   return self;
 }
 
@@ -233,7 +255,7 @@ at::Tensor reduce_all(const at::Tensor& self, const char* name, const char* op) 
               "Specify the reduction dim with the 'dim' argument.");
   const auto device = device_of(self, name);
   at::Tensor out = emptyDevice({}, {}, self.scalar_type(), device);
-  launchCpuKernel(device, op, Fn, self, out);
+  launchCpuKernel<HostChecks::kMeta>(device, op, Fn, self, out);
   return out;
 }
 
@@ -255,7 +277,7 @@ at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
               "] is not finite");
   TORCH_CHECK(lo <= hi, "torch.histc: max must be larger than min");
   at::Tensor out = emptyDevice({bins}, self.scalar_type(), device);
-  launchCpuKernel(device, "aten::histc",
+  launchCpuKernel<HostChecks::kMeta>(device, "aten::histc",
                   [bins](const at::Tensor& in, const at::Scalar& lo, const at::Scalar& hi,
                          at::Tensor& o) {
                     const bool integral = c10::isIntegralType(in.scalar_type(), true);
@@ -281,7 +303,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
     return {out, mask};
   }
   at::Generator gen = cpuGeneratorFor(std::nullopt, device);
-  launchCpuKernel(device, "aten::native_dropout",
+  launchCpuKernel<HostChecks::kMeta>(device, "aten::native_dropout",
                   [p, gen](const at::Tensor& in, at::Tensor& o, at::Tensor& m) {
                     const double keep = 1 - p;
                     at::Tensor noise = at::empty(in.sizes(), in.options()).bernoulli_(keep, gen);

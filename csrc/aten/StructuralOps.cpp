@@ -1,6 +1,8 @@
 // Tier 1: the structural ops every backend must provide itself: allocation,
 // views, resizing, copies across devices, reading a scalar.
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -251,12 +253,25 @@ void order_source_after_copy(c10::DeviceIndex src_device, rt::Stream dst_stream)
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   // self is the source.  copy_ only redispatches here when a device is axon.
+  const bool src_axon = self.device().type() == kAxon;
+  const bool dst_axon = dst.device().type() == kAxon;
+  TORCH_CHECK((src_axon || self.is_cpu()) && (dst_axon || dst.is_cpu()),
+              "axon cannot copy between ", self.device(), " and ", dst.device());
+  // The CPU's copy_ checks (its TensorIterator's, in its order); ATen's copy_
+  // hands axon copies here before any.  No element of dst written twice, no
+  // partial overlap of source and destination (x[1:].copy_(x[:-1]), also
+  // through a view of another dtype: overlap is by bytes), then the shapes.
+  if (src_axon && dst_axon) {
+    at::assert_no_internal_overlap(dst);
+    at::assert_no_partial_overlap(dst, self);
+  }
+  if (self.sizes() != dst.sizes()) {
+    const auto shape = at::infer_size(dst.sizes(), self.sizes());
+    TORCH_CHECK(c10::IntArrayRef(shape) == dst.sizes(), "output with shape ", dst.sizes(),
+                " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+  }
   if (dst.numel() == 0) return dst;
   at::Tensor src = self.sizes() == dst.sizes() ? self : self.expand(dst.sizes());
-  const bool src_axon = src.device().type() == kAxon;
-  const bool dst_axon = dst.device().type() == kAxon;
-  TORCH_CHECK((src_axon || src.is_cpu()) && (dst_axon || dst.is_cpu()),
-              "axon cannot copy between ", src.device(), " and ", dst.device());
   c10::DeviceIndex stream_device = dst_axon ? dst.device().index() : src.device().index();
   if (src_axon && dst_axon && src.device() != dst.device()) {
     syncCurrentStream(src.device().index());  // the producer's work first
@@ -278,9 +293,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (src_axon && dst_axon && src.device() == dst.device()) {
     if (dst.numel() == 0) return dst;
     if (src._is_zerotensor()) {
-      launchCpuKernel(stream_device, "aten::zero_", &at::cpu::zero_, dst);
+      launchCpuKernel<HostChecks::kMeta>(stream_device, "aten::zero_", &at::cpu::zero_, dst);
     } else {
-      launchCpuKernel(stream_device, "aten::copy_",
+      launchCpuKernel<HostChecks::kMeta>(stream_device, "aten::copy_",
                       [](at::Tensor& d, const at::Tensor& s) { d.copy_(s); }, dst, src);
     }
     return dst;

@@ -297,9 +297,10 @@ struct Structured<Meta, N, Name, Cpu> {
     (find(a), ...);
     const c10::DeviceIndex device = find.index;
     (checkSameDevice(Name::value(), device, a), ...);
+    HostWarningScope host_warnings;  // the kernel reruns the meta function
     OutMeta<Meta, N> meta(outs);
     call_meta(meta, args, std::make_index_sequence<sizeof...(A) - N>{});
-    launchCpuKernel(device, Name::value(), Cpu, a...);
+    launchCpuKernel<HostChecks::kMeta>(device, Name::value(), Cpu, a...);
     if constexpr (N == 1) {
       return std::get<sizeof...(A) - 1>(args);
     } else {
@@ -360,6 +361,7 @@ struct Functional<Meta, N, Name, R(A...), Outf> {
     FindDevice find;
     (find(a), ...);
     (checkSameDevice(Name::value(), find.index, a), ...);
+    HostWarningScope host_warnings;
     FunctionalMeta<Meta, N> meta;
     meta.meta(meta_arg(a)...);
     launch_with_outputs(find.index, meta.outs, std::make_index_sequence<N>{}, a...);
@@ -374,8 +376,9 @@ struct Functional<Meta, N, Name, R(A...), Outf> {
   template <size_t... I>
   static void launch_with_outputs(c10::DeviceIndex device, std::array<at::Tensor, N>& outs,
                                   std::index_sequence<I...>, A... a) {
-    if (((outs[I].numel() == 0) && ...)) return;
-    launchCpuKernel(device, Name::value(), Outf, a..., outs[I]...);
+    // Empty results too: the CPU kernel checks what it takes (silu of an
+    // empty int64 tensor raises on the CPU).
+    launchCpuKernel<HostChecks::kMeta>(device, Name::value(), Outf, a..., outs[I]...);
   }
 };
 
@@ -392,9 +395,10 @@ struct Inplace<Meta, Name, at::Tensor&(at::Tensor&, A...), Outf> {
     const c10::DeviceIndex device = find.index;
     checkSameDevice(Name::value(), device, self);
     (checkSameDevice(Name::value(), device, a), ...);
+    HostWarningScope host_warnings;
     InplaceMeta<Meta> meta(self);
     meta.meta(self, meta_arg(a)...);
-    if (self.numel() > 0) launchCpuKernel(device, Name::value(), Outf, self, a..., self);
+    launchCpuKernel<HostChecks::kMeta>(device, Name::value(), Outf, self, a..., self);
     return self;
   }
 };
@@ -670,6 +674,10 @@ DimMinMax);
   OUT("topk.values", 2, topk, topk_outf);
   OUT("sort.values_stable", 2, sort_stable, sort_outf);
   OUT("index.Tensor_out", 1, index_Tensor, index_outf);
+  // Directly, so that its meta function (and its uint8 deprecation warning)
+  // runs once per call.
+  FUNC("index.Tensor", 1, index_Tensor, T(const T&, const c10::List<std::optional<T>>&),
+       index_outf);
   OUT("gather.out", 1, gather, gather_outf);
   OUT_SIG("scatter.src_out", 1, scatter_src, scatter_outf,
           T& (*)(const T&, int64_t, const T&, const T&, T&));

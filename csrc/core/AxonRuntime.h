@@ -3,6 +3,8 @@
 #pragma once
 
 #include <axon/runtime.h>
+
+#include <string>
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 
@@ -19,6 +21,12 @@ auto rt_call(F&& fn) -> decltype(fn()) {
     return fn();
   } catch (const rt::OutOfMemoryError& e) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  } catch (const rt::AsyncError& e) {
+    // A collective that failed as stream work (ProcessGroupAxon's messages
+    // start "axon process group"): DistBackendError, as when it fails inline.
+    TORCH_CHECK_WITH(DistBackendError, std::string(e.what()).find(": axon process group") ==
+                                           std::string::npos, e.what());
+    TORCH_CHECK(false, e.what());
   } catch (const rt::Error& e) {
     TORCH_CHECK(false, e.what());
   }

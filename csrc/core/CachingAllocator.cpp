@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -247,8 +248,13 @@ class DeviceCache {
 
   void* try_device_malloc(size_t bytes) {
     try {
-      return rt::malloc(device_, bytes);
-    } catch (const rt::OutOfMemoryError&) {
+      void* p = rt::malloc(device_, bytes);
+      host_oom_.clear();
+      return p;
+    } catch (const rt::OutOfMemoryError& e) {
+      // The device had room but the host did not: say so in the error.
+      if (e.host) host_oom_ = e.what();
+      else host_oom_.clear();
       return nullptr;
     }
   }
@@ -257,7 +263,20 @@ class DeviceCache {
     auto info = rt::mem_get_info(device_);
     int64_t allocated = stats_.allocated_bytes[0].current;
     int64_t reserved = stats_.reserved_bytes[0].current;
+    const std::string host_oom = std::move(host_oom_);
+    host_oom_.clear();
     lock.unlock();
+    if (!host_oom.empty()) {
+      // Device memory is host memory: here the host, not the device, is full.
+      TORCH_CHECK_WITH(
+          OutOfMemoryError, false,
+          "axon out of memory. Tried to allocate ", format_size(requested), " on axon:",
+          static_cast<int>(device_), ", but the host ran out of memory (", host_oom,
+          "). Of the allocated memory ", format_size(allocated),
+          " is allocated by PyTorch, and ", format_size(reserved - allocated),
+          " is reserved by PyTorch but unallocated. Free tensors on any axon device (and call "
+          "torch.axon.empty_cache()), or lower AXON_DEVICE_MEMORY.");
+    }
     TORCH_CHECK_WITH(
         OutOfMemoryError, false,
         "axon out of memory. Tried to allocate ", format_size(requested),
@@ -343,7 +362,7 @@ class DeviceCache {
 
   void drain_events() {
     for (auto& [ev, block] : pending_) {
-      rt::event_synchronize(ev);
+      rt::event_wait(ev);  // the user's errors stay pending for the user
       rt::event_destroy(ev);
       if (--block->pending_events == 0) release_to_pool(block);
     }
@@ -354,7 +373,7 @@ class DeviceCache {
   void release_cached() {
     // Work already enqueued may still touch freed blocks; the runtime may only
     // reclaim memory nobody uses.
-    rt::device_synchronize(device_);
+    rt::device_wait(device_);  // errors stay pending for the user's next synchronize
     for (BlockPool* pool : {&small_, &large_}) {
       for (auto it = pool->blocks.begin(); it != pool->blocks.end();) {
         Block* block = *it;
@@ -379,6 +398,7 @@ class DeviceCache {
   BlockPool small_, large_;
   std::unordered_map<void*, Block*> active_;
   std::deque<std::pair<rt::Event*, Block*>> pending_;
+  std::string host_oom_;  // the runtime's message when the host refused memory
   DeviceStats stats_;
 };
 
@@ -396,7 +416,7 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
       block = cache(device).malloc(nbytes, stream);
     } catch (const c10::OutOfMemoryError&) {
       // Kernels that have run may still hold the last references to memory.
-      rt_call([&] { rt::device_synchronize(device); });
+      rt_call([&] { rt::device_wait(device); });  // errors stay pending for the user
       releaseFinishedWork();
       block = cache(device).malloc(nbytes, stream);
     }
@@ -424,6 +444,9 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
+    TORCH_CHECK(stream.device_type() == kAxon,
+                "record_stream: expected an axon stream, but got a ", stream.device_type(),
+                " stream; an axon tensor can only be recorded on an axon stream");
     if (ptr.get_context() == nullptr) return;
     cache(stream.device_index()).record_stream(ptr.get_context(), stream.id());
   }

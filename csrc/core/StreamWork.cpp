@@ -1,5 +1,7 @@
 #include "StreamWork.h"
 
+#include <stdexcept>
+
 #include <algorithm>
 #include <atomic>
 #include <omp.h>
@@ -71,7 +73,13 @@ void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn,
         }
       } retire{work};
       set_kernel_threads(threads);
-      (*work)();
+      try {
+        (*work)();
+      } catch (const c10::Error& e) {
+        // The runtime keeps the message for a later synchronising call; the
+        // C++ backtrace of a worker thread would only bury it.
+        throw std::runtime_error(e.what_without_backtrace());
+      }
     });
   });
 }

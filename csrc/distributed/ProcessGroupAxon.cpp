@@ -1,5 +1,7 @@
 // ProcessGroupAxon (see ProcessGroupAxon.h).
 #include "ProcessGroupAxon.h"
+
+#include <axon/env.h>
 #include "GlooAxon.h"
 
 #include <dirent.h>
@@ -203,6 +205,20 @@ Reduction to_comm(const c10d::ReduceOp& op, const at::Tensor& t, const char* nam
 }
 
 char* ptr(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+
+// The dtype a call carries in its signature, which the ranks compare (see
+// axon/comm.h): a comm::DType, or -1 for types comm does not name.  Complex
+// types are named by their components (the element count tells them apart).
+int dtype_tag(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kChar:
+    case at::kByte: case at::kShort: case at::kInt: case at::kLong: case at::kBool:
+    case at::kComplexFloat: case at::kComplexDouble:
+      return static_cast<int>(to_comm(t.scalar_type(), "signature"));
+    default:
+      return -1;
+  }
+}
 size_t nbytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
 
 // The largest synchronous collective that may run on the calling thread (see
@@ -215,26 +231,22 @@ size_t nbytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
 // overlaps, and the wake-ups are pure cost: any size runs inline.
 // AXON_COMM_INLINE_BYTES overrides.
 size_t inline_bytes_limit(size_t local_ranks) {
-  if (const char* v = std::getenv("AXON_COMM_INLINE_BYTES"); v != nullptr && *v != '\0') {
-    return static_cast<size_t>(std::strtoull(v, nullptr, 10));
-  }
   size_t cores = 0;
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) cores = static_cast<size_t>(CPU_COUNT(&set));
   if (cores == 0) cores = std::max(1u, std::thread::hardware_concurrency());
-  return local_ranks >= cores ? std::numeric_limits<size_t>::max() : size_t{4} << 20;
+  const size_t fallback =
+      local_ranks >= cores ? std::numeric_limits<size_t>::max() : size_t{4} << 20;
+  return ::axon::rt::env_bytes("AXON_COMM_INLINE_BYTES", fallback);
 }
 
 comm::Config config_from_env(std::chrono::milliseconds timeout) {
   comm::Config c;
-  auto read = [](const char* name, size_t fallback) {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') return fallback;
-    return static_cast<size_t>(std::strtoull(v, nullptr, 10));
-  };
-  c.slot_bytes = read("AXON_COMM_SLOT_BYTES", c.slot_bytes);
-  c.p2p_bytes = read("AXON_COMM_P2P_BYTES", c.p2p_bytes);
-  c.small_bytes = read("AXON_COMM_SMALL_BYTES", c.small_bytes);
+  // The runtime's byte-size parser (axon/env.h): "4MiB" or "4194304"; a bad
+  // value warns "axon: ignoring ..." and keeps the default.
+  c.slot_bytes = ::axon::rt::env_bytes("AXON_COMM_SLOT_BYTES", c.slot_bytes, 1);
+  c.p2p_bytes = ::axon::rt::env_bytes("AXON_COMM_P2P_BYTES", c.p2p_bytes, 1);
+  c.small_bytes = ::axon::rt::env_bytes("AXON_COMM_SMALL_BYTES", c.small_bytes);
   c.timeout = timeout;
   return c;
 }
@@ -312,11 +324,19 @@ class ProcessGroupAxon : public c10d::Backend {
 
   ~ProcessGroupAxon() override {
     // Stream work holds the transport; let it finish before the group goes.
+    // Wait without consuming errors: a failure of that work (a recv that
+    // timed out) stays pending on the communication stream, and the next
+    // synchronising call that covers it raises it (torch.axon.synchronize(),
+    // or any stream that waited on the work).
     for (auto& [dev, stream] : streams_) {
+      ::axon::rt::Event* done = nullptr;
       try {
-        ::axon::rt::stream_synchronize(to_rt(stream));
+        done = ::axon::rt::event_create(stream.device_index());
+        ::axon::rt::event_record(done, to_rt(stream));
+        ::axon::rt::event_wait(done);
       } catch (...) {
       }
+      if (done != nullptr) ::axon::rt::event_destroy(done);
     }
     std::lock_guard<std::mutex> lock(gloo_sends_->mu);
     for (auto& [work, data] : gloo_sends_->works) {
@@ -475,9 +495,10 @@ class ProcessGroupAxon : public c10d::Backend {
                          return c10::intrusive_ptr<c10d::Work>();
                        });
     }
-    return enqueue(OpType::REDUCE, op, {t}, {t}, [=](comm::ShmGroup& g) {
-      g.reduce(p, n, dt, r.op, root, r.factor);
-    });
+    return enqueue(OpType::REDUCE, op, {t}, {t},
+                   Op{op, false, {}, [=](comm::ShmGroup& g) {
+                        g.reduce(p, n, dt, r.op, root, r.factor);
+                      }, sync_inline(opts.asyncOp, nbytes(t))});
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -642,9 +663,10 @@ class ProcessGroupAxon : public c10d::Backend {
                          return g.gather(vo, vi, opts);
                        });
     }
-    return enqueue(OpType::GATHER, op, all, outs, [=](comm::ShmGroup& g) {
-      g.gather(src, n, dst.data(), root);
-    });
+    return enqueue(OpType::GATHER, op, all, outs,
+                   Op{op, false, {}, [=](comm::ShmGroup& g) {
+                        g.gather(src, n, dst.data(), root);
+                      }, sync_inline(opts.asyncOp, n * getSize())});
   }
 
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
@@ -676,9 +698,10 @@ class ProcessGroupAxon : public c10d::Backend {
                          return g.scatter(vo, vi, opts);
                        });
     }
-    return enqueue(OpType::SCATTER, op, all, {out}, [=](comm::ShmGroup& g) {
-      g.scatter(src.data(), n, dst, root);
-    });
+    return enqueue(OpType::SCATTER, op, all, {out},
+                   Op{op, false, {}, [=](comm::ShmGroup& g) {
+                        g.scatter(src.data(), n, dst, root);
+                      }, sync_inline(opts.asyncOp, n * getSize())});
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -709,9 +732,10 @@ class ProcessGroupAxon : public c10d::Backend {
                          return c10::intrusive_ptr<c10d::Work>();
                        });
     }
-    return enqueue(OpType::REDUCE_SCATTER, op, all, {out}, [=](comm::ShmGroup& g) {
-      g.reduce_scatter(src.data(), dst, n, dt, r.op, r.factor);
-    });
+    return enqueue(OpType::REDUCE_SCATTER, op, all, {out},
+                   Op{op, false, {}, [=](comm::ShmGroup& g) {
+                        g.reduce_scatter(src.data(), dst, n, dt, r.op, r.factor);
+                      }, sync_inline(opts.asyncOp, nbytes(out) * getSize())});
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
@@ -867,7 +891,7 @@ class ProcessGroupAxon : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
                                           std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions&) override {
+                                          const c10d::AllToAllOptions& opts) override {
     const char* op = "all_to_all";
     int n = getSize();
     TORCH_CHECK(static_cast<int>(inputs.size()) == n && static_cast<int>(outputs.size()) == n,
@@ -916,9 +940,12 @@ class ProcessGroupAxon : public c10d::Backend {
                          return c10::intrusive_ptr<c10d::Work>();
                        });
     }
-    return enqueue(OpType::ALLTOALL, op, all, outputs, [=](comm::ShmGroup& g) {
-      g.all_to_all(src.data(), sb.data(), dst.data(), rb.data());
-    });
+    size_t sent = 0;
+    for (size_t x : sb) sent += x;
+    return enqueue(OpType::ALLTOALL, op, all, outputs,
+                   Op{op, false, {}, [=](comm::ShmGroup& g) {
+                        g.all_to_all(src.data(), sb.data(), dst.data(), rb.data());
+                      }, sync_inline(opts.asyncOp, sent)});
   }
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
@@ -945,7 +972,7 @@ class ProcessGroupAxon : public c10d::Backend {
                        in_flight.emplace_back(w, tv[0]);
                      });
     }
-    Op o{op, true, comm::P2POp{true, dst, ptr(t), nbytes(t)}, nullptr};
+    Op o{op, true, comm::P2POp{true, dst, ptr(t), nbytes(t), dtype_tag(t)}, nullptr};
     return enqueue(OpType::SEND, op, {t}, {}, std::move(o));
   }
 
@@ -963,7 +990,7 @@ class ProcessGroupAxon : public c10d::Backend {
                        if (pending) pending->push_back(w); else w->wait();
                      });
     }
-    Op o{op, true, comm::P2POp{false, src, ptr(t), nbytes(t)}, nullptr};
+    Op o{op, true, comm::P2POp{false, src, ptr(t), nbytes(t), dtype_tag(t)}, nullptr};
     return enqueue(OpType::RECV, op, {t}, {t}, std::move(o));
   }
 
@@ -1217,6 +1244,14 @@ class ProcessGroupAxon : public c10d::Backend {
     if (std::string broken = shm_->broken(); !broken.empty()) {
       throw_dist_error(std::string("ProcessGroupAxon: cannot run ") + name +
                        ": the process group failed earlier: " + broken);
+    }
+    if (!op.p2p && op.fn && !tensors.empty()) {
+      // Byte-moving calls (broadcast, all_gather, ...) carry the dtype of
+      // their tensors in the signature the ranks compare.
+      op.fn = [tag = dtype_tag(tensors[0]), fn = std::move(op.fn)](comm::ShmGroup& g) {
+        g.set_dtype_tag(tag);
+        fn(g);
+      };
     }
     if (coalescing_) {
       coalesced_.push_back(std::move(op));

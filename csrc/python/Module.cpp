@@ -16,6 +16,8 @@
 #include "../core/AxonStream.h"
 #include "../core/CachingAllocator.h"
 
+#include <axon/env.h>
+
 namespace py = pybind11;
 using namespace at::axon;
 
@@ -106,6 +108,20 @@ PYBIND11_MODULE(_C, m) {
     at::Tensor x = at::zeros({}, at::TensorOptions().device(device)).requires_grad_(true);
     torch::autograd::backward({x.mul(2)}, {at::ones({}, at::TensorOptions().device(device))});
   }, py::call_guard<py::gil_scoped_release>());
+  // The runtime's environment parsers (axon/env.h), so Python reads AXON_*
+  // variables with the same rules and the same "ignoring ..." warning.
+  m.def("_env_bool", [](const std::string& name, bool fallback) {
+    return rt::env_bool(name.c_str(), fallback);
+  });
+  m.def("_env_bytes", [](const std::string& name, size_t fallback) {
+    return rt::env_bytes(name.c_str(), fallback);
+  });
+  // (free, limit) bytes of host memory for the devices of this process
+  // (AXON_HOST_MEMORY); limit 0 means none.
+  m.def("_host_memory_info", [] {
+    const rt::MemoryInfo i = rt::host_memory_info();
+    return std::make_pair(i.free, i.total);
+  });
   m.def("_test_inject_async_error", &inject_async_error);
   m.def("_test_sleep_on_stream", &sleep_on_stream);
   initInductorBindings(m);

@@ -1,12 +1,17 @@
 #include "config.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
-#include <string_view>
+#include <fstream>
+#include <mutex>
+#include <set>
 
+#include "axon/env.h"
 #include "bytes.h"
 
 namespace axon::rt {
@@ -15,6 +20,19 @@ namespace {
 // Limits that keep memory * cores_per_device far from overflow.
 constexpr int kMaxCores = 1024;
 constexpr size_t kMaxCoreMemory = size_t{1} << 50;  // 1 PiB
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr size_t kDefaultCoreMemory = size_t{8} << 30;
+
+// A cgroup limit file ("max" or bytes); 0 when absent or unlimited.
+size_t read_limit(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  if (!(f >> s) || s == "max") return 0;
+  auto v = parse_bytes(s);
+  return v ? *v : 0;
+}
+
+}  // namespace
 
 std::optional<std::string_view> value_of(const char* raw) {
   if (raw == nullptr) return std::nullopt;
@@ -25,8 +43,8 @@ std::optional<std::string_view> value_of(const char* raw) {
   return s;
 }
 
-std::optional<int> parse_int(std::string_view s, int lo, int hi) {
-  int v = 0;
+std::optional<long long> parse_int(std::string_view s, long long lo, long long hi) {
+  long long v = 0;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || end != s.data() + s.size() || v < lo || v > hi) return std::nullopt;
   return v;
@@ -40,37 +58,93 @@ std::optional<bool> parse_bool(std::string_view s) {
   return std::nullopt;
 }
 
-std::string ignored(const char* var, std::string_view value, const char* expected,
+std::string ignored(const char* var, std::string_view value, const std::string& expected,
                     const std::string& fallback) {
   return std::string("axon: ignoring ") + var + "='" + std::string(value) + "' (expected " +
          expected + "); using " + fallback;
 }
 
-}  // namespace
+size_t detect_host_memory() noexcept {
+  try {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page = sysconf(_SC_PAGE_SIZE);
+    size_t total = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page)
+                                         : 0;
+    for (const char* path : {"/sys/fs/cgroup/memory.max",
+                             "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+      const size_t limit = read_limit(path);
+      if (limit > 0 && (total == 0 || limit < total)) total = limit;
+    }
+    return total;
+  } catch (...) {
+    return 0;
+  }
+}
 
 Config parse_config(const char* num_devices, const char* memory, const char* logical,
-                    const char* launch_blocking) {
+                    const char* launch_blocking, const char* shareable, const char* host_memory,
+                    size_t detected_host_memory) {
   Config c;
   if (auto s = value_of(num_devices)) {
-    if (auto v = parse_int(*s, 0, kMaxCores)) c.physical_cores = *v;
+    if (auto v = parse_int(*s, 0, kMaxCores)) c.physical_cores = static_cast<int>(*v);
     else c.warnings.push_back(ignored("AXON_NUM_DEVICES", *s, "an integer in 0..1024",
                                       std::to_string(c.physical_cores)));
   }
-  if (auto s = value_of(memory)) {
-    auto v = parse_bytes(*s);
-    if (v && *v > 0 && *v <= kMaxCoreMemory) c.core_memory = *v;
-    else c.warnings.push_back(ignored("AXON_DEVICE_MEMORY", *s,
-                                      "a size such as 8GiB, 512MiB or 1073741824",
-                                      format_bytes(c.core_memory)));
-  }
   if (auto s = value_of(logical)) {
-    if (auto v = parse_int(*s, 1, kMaxCores)) c.cores_per_device = *v;
+    if (auto v = parse_int(*s, 1, kMaxCores)) c.cores_per_device = static_cast<int>(*v);
     else c.warnings.push_back(ignored("AXON_LOGICAL_CORE_CONFIG", *s, "an integer >= 1",
                                       std::to_string(c.cores_per_device)));
+  }
+  // PyTorch cannot index more devices (casting more into its 8-bit index
+  // breaks `import torch` or wraps around).
+  if (c.physical_cores / c.cores_per_device > kMaxDevices) {
+    const int max_cores = std::min(kMaxCores, kMaxDevices * c.cores_per_device +
+                                                  c.cores_per_device - 1);
+    std::string expected = "an integer in 0.." + std::to_string(max_cores);
+    if (c.cores_per_device > 1)
+      expected += " with AXON_LOGICAL_CORE_CONFIG=" + std::to_string(c.cores_per_device);
+    expected += ": PyTorch indexes at most " + std::to_string(kMaxDevices) + " devices";
+    c.physical_cores = Config{}.physical_cores;
+    c.warnings.push_back(ignored("AXON_NUM_DEVICES", *value_of(num_devices), expected,
+                                 std::to_string(c.physical_cores)));
+  }
+
+  c.host_memory = detected_host_memory;
+  if (auto s = value_of(host_memory)) {
+    auto v = parse_bytes(*s);
+    if (v && *v > 0) c.host_memory = *v;
+    else c.warnings.push_back(ignored("AXON_HOST_MEMORY", *s,
+                                      "a size such as 16GiB, 512MiB or 1073741824",
+                                      c.host_memory ? format_bytes(c.host_memory) : "no limit"));
+  }
+  // Never promise memory the host cannot back: by default the devices share
+  // the host's memory.
+  size_t default_core = kDefaultCoreMemory;
+  if (c.host_memory > 0 && c.physical_cores > 0) {
+    default_core = std::min(default_core, c.host_memory / static_cast<size_t>(c.physical_cores) /
+                                              kMiB * kMiB);
+    default_core = std::max(default_core, kMiB);
+  }
+  c.core_memory = default_core;
+  bool memory_given = false;
+  if (auto s = value_of(memory)) {
+    auto v = parse_bytes(*s);
+    if (v && *v > 0 && *v <= kMaxCoreMemory) {
+      c.core_memory = *v;
+      memory_given = true;
+    } else {
+      c.warnings.push_back(ignored("AXON_DEVICE_MEMORY", *s,
+                                   "a size such as 8GiB, 512MiB or 1073741824",
+                                   format_bytes(c.core_memory)));
+    }
   }
   if (auto s = value_of(launch_blocking)) {
     if (auto v = parse_bool(*s)) c.launch_blocking = *v;
     else c.warnings.push_back(ignored("AXON_LAUNCH_BLOCKING", *s, "0 or 1", "0"));
+  }
+  if (auto s = value_of(shareable)) {
+    if (auto v = parse_bool(*s)) c.shareable_memory = *v;
+    else c.warnings.push_back(ignored("AXON_SHAREABLE_MEMORY", *s, "0 or 1", "1"));
   }
 
   c.device_count = c.physical_cores / c.cores_per_device;
@@ -83,18 +157,81 @@ Config parse_config(const char* num_devices, const char* memory, const char* log
                          " physical core(s) unused, " + std::to_string(c.device_count) +
                          " device(s) available");
   }
+  const size_t total = c.device_memory * static_cast<size_t>(c.device_count);
+  if (memory_given && c.host_memory > 0 && total > c.host_memory) {
+    c.warnings.push_back("axon: " + std::to_string(c.device_count) + " device(s) x " +
+                         format_bytes(c.device_memory) + " (AXON_DEVICE_MEMORY) is more than the " +
+                         format_bytes(c.host_memory) +
+                         " of host memory; allocations past the host's memory raise "
+                         "torch.OutOfMemoryError");
+  }
   return c;
 }
 
 const Config& config() noexcept {
   static const Config c = [] {
-    Config parsed = parse_config(std::getenv("AXON_NUM_DEVICES"), std::getenv("AXON_DEVICE_MEMORY"),
-                                 std::getenv("AXON_LOGICAL_CORE_CONFIG"),
-                                 std::getenv("AXON_LAUNCH_BLOCKING"));
+    Config parsed = parse_config(
+        std::getenv("AXON_NUM_DEVICES"), std::getenv("AXON_DEVICE_MEMORY"),
+        std::getenv("AXON_LOGICAL_CORE_CONFIG"), std::getenv("AXON_LAUNCH_BLOCKING"),
+        std::getenv("AXON_SHAREABLE_MEMORY"), std::getenv("AXON_HOST_MEMORY"),
+        detect_host_memory());
     for (const auto& w : parsed.warnings) std::fprintf(stderr, "%s\n", w.c_str());
     return parsed;
   }();
   return c;
+}
+
+// ---------------------------------------------------------------- env.h
+
+namespace {
+
+// Prints `line` unless a warning for `name` was printed already.
+void warn_once(const char* name, const std::string& line) noexcept {
+  try {
+    static std::mutex mu;
+    static auto* warned = new std::set<std::string>;
+    std::lock_guard lk(mu);
+    if (warned->insert(name).second) std::fprintf(stderr, "%s\n", line.c_str());
+  } catch (...) {
+  }
+}
+
+}  // namespace
+
+bool env_bool(const char* name, bool fallback) noexcept {
+  auto s = value_of(std::getenv(name));
+  if (!s) return fallback;
+  if (auto v = parse_bool(*s)) return *v;
+  warn_once(name, ignored(name, *s, "0 or 1", fallback ? "1" : "0"));
+  return fallback;
+}
+
+size_t env_bytes(const char* name, size_t fallback, size_t min, size_t max) noexcept {
+  auto s = value_of(std::getenv(name));
+  if (!s) return fallback;
+  auto v = parse_bytes(*s);
+  if (v && *v >= min && *v <= max) return *v;
+  try {
+    std::string expected = "a size such as 1048576 or 4MiB";
+    if (max < SIZE_MAX) expected += ", in " + std::to_string(min) + ".." + std::to_string(max);
+    else if (min > 0) expected += ", at least " + std::to_string(min);
+    warn_once(name, ignored(name, *s, expected, std::to_string(fallback)));
+  } catch (...) {
+  }
+  return fallback;
+}
+
+int64_t env_int(const char* name, int64_t fallback, int64_t min, int64_t max) noexcept {
+  auto s = value_of(std::getenv(name));
+  if (!s) return fallback;
+  if (auto v = parse_int(*s, min, max)) return *v;
+  try {
+    warn_once(name, ignored(name, *s,
+                            "an integer in " + std::to_string(min) + ".." + std::to_string(max),
+                            std::to_string(fallback)));
+  } catch (...) {
+  }
+  return fallback;
 }
 
 }  // namespace axon::rt

@@ -2,10 +2,16 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace axon::rt {
+
+// PyTorch's device index is an int8_t (c10::DeviceIndex), -1 meaning "the
+// current device": at most 127 devices can be indexed.
+constexpr int kMaxDevices = 127;
 
 struct Config {
   // As given (or defaulted).
@@ -13,6 +19,12 @@ struct Config {
   size_t core_memory = size_t{8} << 30;    // AXON_DEVICE_MEMORY
   int cores_per_device = 1;                // AXON_LOGICAL_CORE_CONFIG
   bool launch_blocking = false;            // AXON_LAUNCH_BLOCKING
+  bool shareable_memory = true;            // AXON_SHAREABLE_MEMORY
+  // Host memory device memory may use in total (AXON_HOST_MEMORY, else the
+  // host's physical memory or its cgroup limit, whichever is smaller); 0 when
+  // unknown (no limit).  The default AXON_DEVICE_MEMORY is
+  // min(8GiB, host_memory / AXON_NUM_DEVICES), rounded down to a MiB.
+  size_t host_memory = 0;
   // Derived: the logical devices the runtime exposes.
   int device_count = 8;
   size_t device_memory = size_t{8} << 30;
@@ -22,10 +34,24 @@ struct Config {
 
 // Pure, so tests can cover it: a null or blank value means "unset".  Bad
 // values fall back to the default and add a warning; nothing throws.
-Config parse_config(const char* num_devices, const char* memory,
-                    const char* logical, const char* launch_blocking = nullptr);
+// detected_host_memory: what the host has (0: unknown, no limit).
+Config parse_config(const char* num_devices, const char* memory, const char* logical,
+                    const char* launch_blocking = nullptr, const char* shareable = nullptr,
+                    const char* host_memory = nullptr, size_t detected_host_memory = 0);
 
 // The configuration of this process (parsed on first call, thread-safe).
 const Config& config() noexcept;
+
+// The host's physical memory, or its cgroup's memory limit if smaller; 0 if
+// unknown.
+size_t detect_host_memory() noexcept;
+
+// The parsers behind env.h, pure for tests.  value_of: trimmed, nullopt when
+// null or blank.
+std::optional<std::string_view> value_of(const char* raw);
+std::optional<bool> parse_bool(std::string_view s);
+std::optional<long long> parse_int(std::string_view s, long long lo, long long hi);
+std::string ignored(const char* var, std::string_view value, const std::string& expected,
+                    const std::string& fallback);
 
 }  // namespace axon::rt

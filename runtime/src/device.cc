@@ -123,13 +123,27 @@ void set_device(int d) {
   t_current_device = d;
 }
 
+void device_wait(int d) {
+  check_device(d);
+  if (Device* dev = created_device(d))
+    for (auto& s : dev->streams) s->wait_all();
+}
+
 void device_synchronize(int d) {
   check_device(d);
   Device* dev = created_device(d);
   if (dev == nullptr) return;
   for (auto& s : dev->streams) s->wait_all();
-  // One error per call; errors of other streams stay pending for later calls.
-  for (auto& s : dev->streams) s->throw_pending_error();
+  // Every failure pending on any of the device's streams, reported once: the
+  // first raised, the others listed; all are cleared.
+  std::vector<PendingFailure> failures;
+  uint64_t dropped = 0;
+  for (auto& s : dev->streams) {
+    auto mine = s->take_failures(&dropped);
+    failures.insert(failures.end(), mine.begin(), mine.end());
+  }
+  failures = unreported(std::move(failures));
+  if (!failures.empty() || dropped > 0) throw_failures(std::move(failures), "", dropped);
 }
 
 }  // namespace axon::rt

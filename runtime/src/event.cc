@@ -18,6 +18,9 @@ class Event {
     uint64_t seq = 0;
     bool stamped = false;  // false if the marker was dropped at exit
     std::chrono::steady_clock::time_point stamp;
+    // The failures pending on the stream when the marker ran: the event
+    // carries them to streams that wait on it and to event_synchronize.
+    FailureList failures;
 
     bool complete() const { return stream->completed() >= seq; }
   };
@@ -63,7 +66,8 @@ void event_record(Event* e, Stream s) {
   rec->stream = &st;
   // The marker writes only stamp/stamped, never seq, so setting seq after
   // enqueue (before publishing rec) does not race with it.
-  rec->seq = st.enqueue("event_record", [rec] {
+  rec->seq = st.enqueue("event_record", [rec, &st] {
+    rec->failures = st.pending_failures();
     rec->stamp = std::chrono::steady_clock::now();
     rec->stamped = true;
   });
@@ -74,9 +78,17 @@ void event_record(Event* e, Stream s) {
 void stream_wait_event(Stream s, Event* e) {
   StreamState& st = stream_state(s);
   auto rec = checked(e).latest();
-  // Same stream: already ordered.  Complete: nothing to wait for.
-  if (!rec || rec->stream == &st || rec->complete()) return;
-  st.enqueue("stream_wait_event", [rec] { rec->stream->wait(rec->seq); });
+  // Same stream: already ordered (and its failures are already pending here).
+  if (!rec || rec->stream == &st) return;
+  // Complete: nothing to wait for, but its failures reach s at once.
+  if (rec->complete()) {
+    st.inherit(rec->failures);
+    return;
+  }
+  st.enqueue("stream_wait_event", [rec, &st] {
+    rec->stream->wait(rec->seq);
+    st.inherit(rec->failures);
+  });
 }
 
 bool event_query(Event* e) {
@@ -88,7 +100,18 @@ void event_synchronize(Event* e) {
   auto rec = checked(e).latest();
   if (!rec) return;
   rec->stream->wait(rec->seq);
-  rec->stream->throw_pending_error();
+  std::vector<PendingFailure> failures;
+  for (const auto& f : rec->failures)
+    if (!f->reported.load()) failures.push_back(PendingFailure{f, false});
+  if (failures.empty()) return;
+  // Reported here, so the recording stream does not report them again.
+  rec->stream->forget(rec->failures);
+  throw_failures(std::move(failures), rec->stream->describe());
+}
+
+void event_wait(Event* e) {
+  auto rec = checked(e).latest();
+  if (rec) rec->stream->wait(rec->seq);
 }
 
 double event_elapsed_ms(Event* start, Event* end) {

@@ -2,10 +2,13 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "axon/runtime.h"
 #include "bytes.h"
@@ -31,8 +34,7 @@ RangeRegistry<Allocation>& allocations() {
 
 bool shareable() {
   static const bool on = [] {
-    const char* v = std::getenv("AXON_SHAREABLE_MEMORY");
-    if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+    if (!config().shareable_memory) return false;
     // One descriptor per live allocation: raise the soft limit to the hard one.
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -44,21 +46,68 @@ bool shareable() {
   return on;
 }
 
-// A memfd mapping of size bytes, or nullptr (then private memory is used).
-void* map_shared(size_t size, int* fd_out) {
+// A memfd mapping of size bytes, or nullptr (then private memory is used);
+// *why names the failing call.
+void* map_shared(size_t size, int* fd_out, std::string* why) {
   int fd = memfd_create("axon-device-memory", MFD_CLOEXEC);
-  if (fd < 0) return nullptr;
+  if (fd < 0) {
+    *why = std::string("memfd_create: ") + std::strerror(errno);
+    return nullptr;
+  }
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    *why = std::string("ftruncate: ") + std::strerror(errno);
     close(fd);
     return nullptr;
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
+    *why = std::string("mmap: ") + std::strerror(errno);
     close(fd);
     return nullptr;
   }
   *fd_out = fd;
   return p;
+}
+
+// Bytes of device memory of all devices of this process (the commit that the
+// host must back), checked against config().host_memory.
+std::atomic<size_t> g_host_used{0};
+
+// What the host says it can still supply (MemAvailable, or the cgroup's
+// room if smaller); SIZE_MAX when unknown.
+size_t host_available() {
+  size_t avail = SIZE_MAX;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kb = 0;
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+        avail = static_cast<size_t>(kb) * 1024;
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  unsigned long long max = 0, cur = 0;
+  std::FILE* fm = std::fopen("/sys/fs/cgroup/memory.max", "r");
+  std::FILE* fc = std::fopen("/sys/fs/cgroup/memory.current", "r");
+  if (fm && fc && std::fscanf(fm, "%llu", &max) == 1 && std::fscanf(fc, "%llu", &cur) == 1) {
+    avail = std::min<size_t>(avail, max > cur ? max - cur : 0);
+  }
+  if (fm) std::fclose(fm);
+  if (fc) std::fclose(fc);
+  return avail;
+}
+
+// Allocations at least this big ask the host whether it can supply them.
+constexpr size_t kAskHostFrom = size_t{1} << 20;
+
+OutOfMemoryError host_out_of_memory(int d, size_t requested, size_t used, size_t capacity,
+                                    const std::string& detail) {
+  return OutOfMemoryError("axon:" + std::to_string(d) +
+                              " out of memory: the host ran out of memory: tried to allocate " +
+                              format_bytes(requested) + "; " + detail,
+                          d, requested, used, capacity, /*host=*/true);
 }
 
 OutOfMemoryError out_of_memory(int d, size_t requested, size_t used, size_t capacity) {
@@ -96,15 +145,47 @@ void* malloc(int d, size_t bytes) {
     if (size == 0 || size > dev.capacity - used) throw out_of_memory(d, bytes, used, dev.capacity);
   } while (!dev.used.compare_exchange_weak(used, used + size, std::memory_order_relaxed));
 
+  // The device has room; now the host.
+  const auto give_back = [&] {
+    return dev.used.fetch_sub(size, std::memory_order_relaxed) - size;
+  };
+  const size_t host_limit = config().host_memory;
+  size_t host_used = g_host_used.load(std::memory_order_relaxed);
+  do {
+    if (host_limit > 0 && size > host_limit - std::min(host_limit, host_used)) {
+      const size_t now = give_back();
+      throw host_out_of_memory(
+          d, bytes, now, dev.capacity,
+          "the devices of this process use " + format_bytes(host_used) + " of the " +
+              format_bytes(host_limit) + " of host memory they may use together "
+              "(AXON_HOST_MEMORY; default the host's physical memory)");
+    }
+  } while (!g_host_used.compare_exchange_weak(host_used, host_used + size,
+                                              std::memory_order_relaxed));
+  const auto give_back_all = [&] {
+    g_host_used.fetch_sub(size, std::memory_order_relaxed);
+    return give_back();
+  };
+  if (size >= kAskHostFrom) {
+    if (const size_t avail = host_available(); size > avail) {
+      const size_t now = give_back_all();
+      throw host_out_of_memory(d, bytes, now, dev.capacity,
+                               "the host has " + format_bytes(avail) + " available");
+    }
+  }
+
   static std::atomic<uint64_t> next_id{1};
   int fd = -1;
-  void* p = shareable() ? map_shared(size, &fd) : nullptr;
-  if (p == nullptr) p = std::aligned_alloc(kAlignment, size);
+  std::string why;
+  void* p = shareable() ? map_shared(size, &fd, &why) : nullptr;
   if (p == nullptr) {
-    const size_t now = dev.used.fetch_sub(size, std::memory_order_relaxed) - size;
-    throw OutOfMemoryError("axon:" + std::to_string(d) + " out of memory: the host could not "
-                               "allocate " + format_bytes(bytes),
-                           d, bytes, now, dev.capacity);
+    p = std::aligned_alloc(kAlignment, size);
+    if (p == nullptr) why += std::string(why.empty() ? "" : ", ") + "aligned_alloc failed";
+  }
+  if (p == nullptr) {
+    const size_t now = give_back_all();
+    throw host_out_of_memory(d, bytes, now, dev.capacity,
+                             "the host refused " + format_bytes(size) + " (" + why + ")");
   }
   allocations().insert(p, size, Allocation{d, fd, next_id.fetch_add(1)});
   return p;
@@ -120,12 +201,25 @@ void free(void* ptr) {
     throw Error(buf);
   }
   if (e->payload.fd >= 0) {
+    // Truncated first: the pages go now even if other processes still map
+    // the memfd (the collectives' peer caches); they see the size drop and
+    // unmap (axon::comm::ShmGroup::map_peer).
+    if (ftruncate(e->payload.fd, 0) != 0) {
+      // Nothing to do: the pages then go when the last mapping does.
+    }
     munmap(ptr, e->size);
     close(e->payload.fd);
   } else {
     std::free(ptr);
   }
   created_device(e->payload.device)->used.fetch_sub(e->size, std::memory_order_relaxed);
+  g_host_used.fetch_sub(e->size, std::memory_order_relaxed);
+}
+
+MemoryInfo host_memory_info() noexcept {
+  const size_t limit = config().host_memory;
+  const size_t used = g_host_used.load(std::memory_order_relaxed);
+  return MemoryInfo{limit > used ? limit - used : 0, limit};
 }
 
 MemoryInfo mem_get_info(int d) {

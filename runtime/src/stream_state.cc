@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <system_error>
+#include <utility>
 
 #include "axon/runtime.h"
 
@@ -23,7 +24,59 @@ inline void spin_pause() {
 #endif
 }
 
+std::atomic<uint64_t> g_failure_order{0};
+
+void add_failure(std::vector<PendingFailure>& list, uint64_t& dropped,
+                 std::shared_ptr<const AsyncFailure> f, bool inherited) {
+  if (inherited && f->reported.load()) return;
+  for (const auto& p : list)
+    if (p.failure == f) return;
+  if (list.size() >= kMaxPendingFailures) {
+    ++dropped;
+    return;
+  }
+  list.push_back(PendingFailure{std::move(f), inherited});
+}
+
 }  // namespace
+
+std::vector<PendingFailure> unreported(std::vector<PendingFailure> failures) {
+  std::erase_if(failures, [](const PendingFailure& p) {
+    return p.inherited && p.failure->reported.load();
+  });
+  return failures;
+}
+
+void throw_failures(std::vector<PendingFailure> failures, const std::string& where,
+                    uint64_t dropped) {
+  for (const auto& p : failures) p.failure->reported.store(true);
+  std::stable_sort(failures.begin(), failures.end(), [](const auto& a, const auto& b) {
+    return a.failure->order < b.failure->order;
+  });
+  // Deduplicate (device_synchronize gathers one failure from several streams);
+  // a failure counts as the stream's own if any stream had it as its own.
+  std::vector<PendingFailure> unique;
+  for (auto& p : failures) {
+    if (!unique.empty() && unique.back().failure == p.failure) {
+      unique.back().inherited = unique.back().inherited && p.inherited;
+      continue;
+    }
+    unique.push_back(std::move(p));
+  }
+  if (unique.empty()) throw AsyncError("axon: asynchronous error (no details kept)");
+  std::string msg = unique.front().failure->message;
+  if (unique.front().inherited && !where.empty()) {
+    msg += " (reported on " + where + ", which waited for the failed work through an event)";
+  }
+  const uint64_t more = unique.size() - 1 + dropped;
+  if (more > 0) {
+    msg += "\n" + std::to_string(more) + " more asynchronous error" + (more == 1 ? "" : "s") +
+           " since the last synchronization:";
+    for (size_t i = 1; i < unique.size(); ++i) msg += "\n  " + unique[i].failure->message;
+    if (dropped > 0) msg += "\n  ... and " + std::to_string(dropped) + " more (not kept)";
+  }
+  throw AsyncError(msg);
+}
 
 StreamState::~StreamState() {
   // Devices live for the whole process, so this only runs for a StreamState
@@ -118,7 +171,11 @@ std::string StreamState::execute(const char* name, std::function<void()>& fn) no
 }
 
 void StreamState::finish_locked(uint64_t seq, std::string error) {
-  if (!error.empty() && error_.empty()) error_ = std::move(error);
+  if (!error.empty()) {
+    auto f = std::make_shared<const AsyncFailure>(
+        g_failure_order.fetch_add(1, std::memory_order_relaxed), std::move(error));
+    add_failure(failures_, dropped_failures_, std::move(f), false);
+  }
   // max: during teardown inline tasks may finish out of order.
   completed_ = std::max(completed_, seq);
   done_cv_.notify_all();
@@ -154,12 +211,49 @@ bool StreamState::idle() const {
 }
 
 void StreamState::throw_pending_error() {
-  std::string error;
+  std::vector<PendingFailure> failures;
+  uint64_t dropped = 0;
   {
     std::lock_guard lk(mu_);
-    error.swap(error_);
+    if (failures_.empty()) return;
+    failures.swap(failures_);
+    std::swap(dropped, dropped_failures_);
   }
-  if (!error.empty()) throw AsyncError(error);
+  failures = unreported(std::move(failures));
+  if (failures.empty() && dropped == 0) return;
+  throw_failures(std::move(failures), describe(), dropped);
+}
+
+FailureList StreamState::pending_failures() const {
+  FailureList out;
+  std::lock_guard lk(mu_);
+  for (const auto& p : failures_)
+    if (!p.failure->reported.load()) out.push_back(p.failure);
+  return out;
+}
+
+void StreamState::inherit(const FailureList& failures) {
+  if (failures.empty()) return;
+  std::lock_guard lk(mu_);
+  for (const auto& f : failures) add_failure(failures_, dropped_failures_, f, true);
+}
+
+void StreamState::forget(const FailureList& failures) {
+  if (failures.empty()) return;
+  std::lock_guard lk(mu_);
+  std::erase_if(failures_, [&](const PendingFailure& p) {
+    return std::find(failures.begin(), failures.end(), p.failure) != failures.end();
+  });
+}
+
+std::vector<PendingFailure> StreamState::take_failures(uint64_t* dropped) {
+  std::lock_guard lk(mu_);
+  *dropped += std::exchange(dropped_failures_, 0);
+  return std::exchange(failures_, {});
+}
+
+std::string StreamState::describe() const {
+  return "axon:" + std::to_string(device_) + " stream " + std::to_string(id_);
 }
 
 void StreamState::request_stop() {

@@ -7,11 +7,51 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace axon::rt {
+
+// One failed task: `order` is process-wide (earlier failures have smaller
+// numbers), so failures gathered from several streams sort into the order
+// they happened.  Shared, never copied: the same failure may be pending on
+// several streams (it travels along events, see StreamState::inherit).
+struct AsyncFailure {
+  AsyncFailure(uint64_t order, std::string message)
+      : order(order), message(std::move(message)) {}
+  const uint64_t order;
+  const std::string message;
+  // Set once a synchronising call raised it: it then stops travelling (event
+  // markers and waits skip it), and streams that only inherited it drop it;
+  // the stream it failed on still reports it once.
+  mutable std::atomic<bool> reported{false};
+};
+using FailureList = std::vector<std::shared_ptr<const AsyncFailure>>;
+
+// A failure pending on a stream; `inherited` when it reached the stream
+// through stream_wait_event rather than failing there.
+struct PendingFailure {
+  std::shared_ptr<const AsyncFailure> failure;
+  bool inherited = false;
+};
+
+// Keeps what a synchronising call must still report: own failures, and
+// inherited ones nobody reported yet.
+std::vector<PendingFailure> unreported(std::vector<PendingFailure> failures);
+
+// Throws AsyncError for `failures` (sorted by order, deduplicated, marked
+// reported): the first one's message, then a list of the others.  `where`
+// names the stream a synchronising call reported them on (for inherited
+// failures).
+// `dropped`: further failures that were not kept (see kMaxPendingFailures).
+[[noreturn]] void throw_failures(std::vector<PendingFailure> failures, const std::string& where,
+                                 uint64_t dropped = 0);
+
+// Failures a stream keeps until it reports them; later ones are only counted.
+constexpr size_t kMaxPendingFailures = 16;
 
 // Tasks get sequence numbers 1, 2, ... in enqueue order; `completed` is the
 // sequence number of the last finished task, so "has task n run" is
@@ -33,8 +73,23 @@ class StreamState {
   uint64_t completed() const;
   bool idle() const;
 
-  // Throws the first error of a task since the last call (and clears it).
+  // Throws AsyncError for every failure pending on this stream (its own
+  // tasks' and inherited ones, the first raised and the others listed) and
+  // clears them.  No-op when none is pending.
   void throw_pending_error();
+
+  // The failures pending now and not reported yet (an event marker captures
+  // them: the event then carries them to every stream that waits on it).
+  FailureList pending_failures() const;
+  // Makes failures of another stream pending here too (stream_wait_event:
+  // everything enqueued after the wait depends on the failed work).
+  void inherit(const FailureList& failures);
+  // Removes these failures (reported by event_synchronize) from this stream.
+  void forget(const FailureList& failures);
+  // Takes every pending failure (device_synchronize reports them together);
+  // adds the count of those not kept to *dropped.
+  std::vector<PendingFailure> take_failures(uint64_t* dropped);
+  std::string describe() const;  // "axon:0 stream 3"
 
   // Process exit: the worker finishes its current task and drops the rest.
   // request_stop on every stream first, then finish_stop joins each worker,
@@ -61,7 +116,10 @@ class StreamState {
   std::deque<Task> queue_;
   uint64_t enqueued_ = 0;
   uint64_t completed_ = 0;
-  std::string error_;  // first pending async error; empty means none
+  // Failures not yet reported on this stream, in the order they arrived
+  // (at most kMaxPendingFailures; dropped_failures_ counts the rest).
+  std::vector<PendingFailure> failures_;
+  uint64_t dropped_failures_ = 0;
   std::thread worker_;
   bool stopping_ = false;
   bool exited_ = false;

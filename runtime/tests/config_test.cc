@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
+#include "axon/env.h"
 #include "bytes.h"
 #include "config.h"
 
@@ -98,8 +101,8 @@ TEST(ParseConfig, BadValuesFallBackWithOneWarningEach) {
   ASSERT_EQ(c.warnings.size(), 4u);
   EXPECT_EQ(c.warnings[0],
             "axon: ignoring AXON_NUM_DEVICES='many' (expected an integer in 0..1024); using 8");
-  EXPECT_NE(c.warnings[1].find("AXON_DEVICE_MEMORY='lots'"), std::string::npos);
-  EXPECT_NE(c.warnings[2].find("AXON_LOGICAL_CORE_CONFIG='0'"), std::string::npos);
+  EXPECT_NE(c.warnings[1].find("AXON_LOGICAL_CORE_CONFIG='0'"), std::string::npos);
+  EXPECT_NE(c.warnings[2].find("AXON_DEVICE_MEMORY='lots'"), std::string::npos);
   EXPECT_NE(c.warnings[3].find("AXON_LAUNCH_BLOCKING='maybe'"), std::string::npos);
 }
 
@@ -111,6 +114,107 @@ TEST(ParseConfig, LaunchBlocking) {
   EXPECT_TRUE(parse_config(nullptr, nullptr, nullptr, "1").launch_blocking);
   EXPECT_TRUE(parse_config(nullptr, nullptr, nullptr, "TRUE").launch_blocking);
   EXPECT_FALSE(parse_config(nullptr, nullptr, nullptr, "0").launch_blocking);
+}
+
+TEST(ParseConfig, DeviceCountIsCappedAtWhatPyTorchIndexes) {
+  for (const char* n : {"128", "255", "256", "300", "1024"}) {
+    const Config c = parse_config(n, nullptr, nullptr);
+    EXPECT_EQ(c.device_count, 8) << n;
+    ASSERT_EQ(c.warnings.size(), 1u) << n;
+    EXPECT_EQ(c.warnings[0], std::string("axon: ignoring AXON_NUM_DEVICES='") + n +
+                                 "' (expected an integer in 0..127: PyTorch indexes at most 127 "
+                                 "devices); using 8");
+  }
+  EXPECT_EQ(parse_config("127", nullptr, nullptr).device_count, 127);
+  EXPECT_TRUE(parse_config("127", nullptr, nullptr).warnings.empty());
+  // Grouped cores: what counts is the number of logical devices.
+  const Config g = parse_config("254", nullptr, "2");
+  EXPECT_EQ(g.device_count, 127);
+  EXPECT_TRUE(g.warnings.empty());
+  const Config bad = parse_config("256", nullptr, "2");
+  EXPECT_EQ(bad.device_count, 4);
+  ASSERT_EQ(bad.warnings.size(), 1u);
+  EXPECT_NE(bad.warnings[0].find("0..255 with AXON_LOGICAL_CORE_CONFIG=2"), std::string::npos)
+      << bad.warnings[0];
+}
+
+TEST(ParseConfig, BooleansWarnLikeTheOthers) {
+  EXPECT_TRUE(parse_config(nullptr, nullptr, nullptr, "yes").launch_blocking);
+  EXPECT_FALSE(parse_config(nullptr, nullptr, nullptr, nullptr, "off").shareable_memory);
+  EXPECT_TRUE(parse_config(nullptr, nullptr, nullptr, nullptr, "1").shareable_memory);
+  const Config c = parse_config(nullptr, nullptr, nullptr, "sometimes", "maybe");
+  EXPECT_FALSE(c.launch_blocking);
+  EXPECT_TRUE(c.shareable_memory);
+  ASSERT_EQ(c.warnings.size(), 2u);
+  EXPECT_EQ(c.warnings[0],
+            "axon: ignoring AXON_LAUNCH_BLOCKING='sometimes' (expected 0 or 1); using 0");
+  EXPECT_EQ(c.warnings[1],
+            "axon: ignoring AXON_SHAREABLE_MEMORY='maybe' (expected 0 or 1); using 1");
+}
+
+TEST(ParseConfig, DefaultMemoryNeverExceedsTheHost) {
+  // 24 GiB host, 8 devices: 3 GiB each, not 8 GiB.
+  const Config c = parse_config(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 24 * kGiB);
+  EXPECT_EQ(c.core_memory, 3 * kGiB);
+  EXPECT_EQ(c.host_memory, 24 * kGiB);
+  EXPECT_TRUE(c.warnings.empty());
+  // Large hosts keep 8 GiB; odd sizes round down to a MiB.
+  EXPECT_EQ(parse_config(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 512 * kGiB)
+                .core_memory, 8 * kGiB);
+  EXPECT_EQ(parse_config("3", nullptr, nullptr, nullptr, nullptr, nullptr, kGiB + 5)
+                .core_memory, 341 * kMiB);
+  // Grouped: the devices together still fit.
+  const Config g = parse_config("8", nullptr, "2", nullptr, nullptr, nullptr, 16 * kGiB);
+  EXPECT_EQ(g.device_memory * g.device_count, 16 * kGiB);
+  // AXON_HOST_MEMORY overrides what was detected.
+  const Config h = parse_config("2", nullptr, nullptr, nullptr, nullptr, "1GiB", 24 * kGiB);
+  EXPECT_EQ(h.host_memory, kGiB);
+  EXPECT_EQ(h.device_memory, 512 * kMiB);
+  const Config bad = parse_config("2", nullptr, nullptr, nullptr, nullptr, "lots", 24 * kGiB);
+  EXPECT_EQ(bad.host_memory, 24 * kGiB);
+  ASSERT_EQ(bad.warnings.size(), 1u);
+  EXPECT_NE(bad.warnings[0].find("ignoring AXON_HOST_MEMORY='lots'"), std::string::npos);
+}
+
+TEST(ParseConfig, ExplicitMemoryPastTheHostWarns) {
+  const Config c = parse_config(nullptr, "8GiB", nullptr, nullptr, nullptr, nullptr, 24 * kGiB);
+  EXPECT_EQ(c.device_memory, 8 * kGiB);  // as asked; allocations check the host
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_EQ(c.warnings[0],
+            "axon: 8 device(s) x 8.00 GiB (AXON_DEVICE_MEMORY) is more than the 24.00 GiB of "
+            "host memory; allocations past the host's memory raise torch.OutOfMemoryError");
+}
+
+TEST(DetectHostMemory, IsPositiveOnLinux) {
+  EXPECT_GT(detect_host_memory(), size_t{0});
+}
+
+TEST(Env, OneParserPerKind) {
+  ::setenv("AXON_TEST_ENV_BOOL", "yes", 1);
+  EXPECT_TRUE(env_bool("AXON_TEST_ENV_BOOL", false));
+  ::setenv("AXON_TEST_ENV_BOOL", "maybe", 1);
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(env_bool("AXON_TEST_ENV_BOOL", false));
+  EXPECT_FALSE(env_bool("AXON_TEST_ENV_BOOL", false));  // warned once
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "axon: ignoring AXON_TEST_ENV_BOOL='maybe' (expected 0 or 1); using 0\n");
+  ::setenv("AXON_TEST_ENV_BYTES", "4MiB", 1);
+  EXPECT_EQ(env_bytes("AXON_TEST_ENV_BYTES", 7), 4 * kMiB);
+  ::setenv("AXON_TEST_ENV_BYTES", "abc", 1);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(env_bytes("AXON_TEST_ENV_BYTES", 4194304, 1), 4194304u);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "axon: ignoring AXON_TEST_ENV_BYTES='abc' (expected a size such as 1048576 or 4MiB, "
+            "at least 1); using 4194304\n");
+  ::setenv("AXON_TEST_ENV_INT", "12", 1);
+  EXPECT_EQ(env_int("AXON_TEST_ENV_INT", 3, 0, 100), 12);
+  ::setenv("AXON_TEST_ENV_INT", "1000", 1);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(env_int("AXON_TEST_ENV_INT", 3, 0, 100), 3);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "axon: ignoring AXON_TEST_ENV_INT='1000' (expected an integer in 0..100); using 3\n");
+  ::unsetenv("AXON_TEST_ENV_INT");
+  EXPECT_EQ(env_int("AXON_TEST_ENV_INT", 3, 0, 100), 3);
 }
 
 }  // namespace

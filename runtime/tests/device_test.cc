@@ -1,8 +1,10 @@
+#include <algorithm>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "axon/runtime.h"
+#include "config.h"
 #include "test_util.h"
 
 namespace axon::rt {
@@ -14,7 +16,14 @@ TEST(Device, DefaultCountAndProperties) {
   EXPECT_FALSE(launch_blocking());
   const DeviceProperties p = get_device_properties(7);
   EXPECT_EQ(p.name, "Axon simulated device");
-  EXPECT_EQ(p.total_memory, size_t{8} << 30);
+  // min(8GiB, host memory / 8 devices), whole MiB (config.h)
+  const size_t host = detect_host_memory();
+  const size_t expected = host == 0 ? size_t{8} << 30
+                                    : std::min(size_t{8} << 30, host / 8 >> 20 << 20);
+  EXPECT_EQ(p.total_memory, expected);
+  if (host > 0) {
+    EXPECT_LE(p.total_memory * 8, host);
+  }
   EXPECT_EQ(p.compute_units, 1);
   EXPECT_EQ(p.physical_cores, 1);
   EXPECT_TRUE(p.host_accessible);

@@ -134,5 +134,45 @@ TEST_F(LaunchBlocking, DeviceToPinnedCopyCompletesBeforeReturning) {
   free(d);
 }
 
+// AXON_NUM_DEVICES=2 AXON_DEVICE_MEMORY=48MiB AXON_HOST_MEMORY=64MiB: each
+// device has room for 40 MiB, the host for only one of them.
+class HostLimit : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!env_is("AXON_NUM_DEVICES", "2") || !env_is("AXON_DEVICE_MEMORY", "48MiB") ||
+        !env_is("AXON_HOST_MEMORY", "64MiB"))
+      GTEST_SKIP() << "runs as ctest entry axonrt_host_limit";
+  }
+};
+
+TEST_F(HostLimit, DevicesTogetherNeverExceedTheHost) {
+  EXPECT_EQ(host_memory_info().total, 64 * kMiB);
+  void* a = malloc(0, 40 * kMiB);
+  EXPECT_EQ(host_memory_info().free, 24 * kMiB);
+  try {
+    malloc(1, 40 * kMiB);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_TRUE(e.host);
+    EXPECT_EQ(e.device, 1);
+    EXPECT_EQ(e.used, 0u);  // nothing charged to the device
+    EXPECT_EQ(std::string(e.what()),
+              "axon:1 out of memory: the host ran out of memory: tried to allocate 40.00 MiB; "
+              "the devices of this process use 40.00 MiB of the 64.00 MiB of host memory they "
+              "may use together (AXON_HOST_MEMORY; default the host's physical memory)");
+  }
+  EXPECT_EQ(mem_get_info(1).free, 48 * kMiB);
+  try {
+    malloc(0, 9 * kMiB);  // the device's own capacity: not a host failure
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_FALSE(e.host);
+  }
+  free(a);
+  EXPECT_EQ(host_memory_info().free, 64 * kMiB);
+  void* b = malloc(1, 40 * kMiB);
+  free(b);
+}
+
 }  // namespace
 }  // namespace axon::rt

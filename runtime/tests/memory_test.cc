@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "axon/runtime.h"
+#include "bytes.h"
 #include "test_util.h"
 
 namespace axon::rt {
@@ -19,12 +20,15 @@ namespace {
 
 constexpr size_t kGiB = size_t{1} << 30;
 
+// The default capacity: min(8GiB, host memory / 8 devices) (config.h).
+size_t cap() { return get_device_properties(0).total_memory; }
+
 bool aligned64(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
 
 TEST(Memory, MallocIsAlignedWritableAndAccounted) {
   AXON_REQUIRE_DEFAULT_ENV();
   const MemoryInfo before = mem_get_info(1);
-  EXPECT_EQ(before.total, 8 * kGiB);
+  EXPECT_EQ(before.total, cap());
   void* p = malloc(1, 1000);
   ASSERT_NE(p, nullptr);
   EXPECT_TRUE(aligned64(p));
@@ -40,7 +44,7 @@ TEST(Memory, AccountingIsPerDevice) {
   const size_t free2 = mem_get_info(2).free;
   void* p = malloc(3, 4096);
   EXPECT_EQ(mem_get_info(2).free, free2);
-  EXPECT_EQ(mem_get_info(3).free, 8 * kGiB - 4096);
+  EXPECT_EQ(mem_get_info(3).free, cap() - 4096);
   free(p);
 }
 
@@ -116,17 +120,19 @@ TEST(Memory, OutOfMemoryCarriesDetailsAndIsRecoverable) {
   AXON_REQUIRE_DEFAULT_ENV();
   void* held = malloc(6, 1 << 20);
   try {
-    malloc(6, 9 * kGiB);
+    malloc(6, cap() + kGiB);
     FAIL() << "expected OutOfMemoryError";
   } catch (const OutOfMemoryError& e) {
     EXPECT_EQ(e.device, 6);
-    EXPECT_EQ(e.requested, 9 * kGiB);
+    EXPECT_EQ(e.requested, cap() + kGiB);
     EXPECT_EQ(e.used, size_t{1} << 20);
-    EXPECT_EQ(e.capacity, 8 * kGiB);
-    EXPECT_EQ(std::string(e.what()),
-              "axon:6 out of memory: tried to allocate 9.00 GiB; 1.00 MiB of 8.00 GiB in use");
+    EXPECT_EQ(e.capacity, cap());
+    EXPECT_FALSE(e.host);
+    EXPECT_EQ(std::string(e.what()), "axon:6 out of memory: tried to allocate " +
+                                         format_bytes(cap() + kGiB) + "; 1.00 MiB of " +
+                                         format_bytes(cap()) + " in use");
   }
-  EXPECT_EQ(mem_get_info(6).free, 8 * kGiB - (1 << 20));  // failure charged nothing
+  EXPECT_EQ(mem_get_info(6).free, cap() - (1 << 20));  // failure charged nothing
   EXPECT_THROW(malloc(6, SIZE_MAX), OutOfMemoryError);
   void* p = malloc(6, 1 << 20);
   free(p);
@@ -142,7 +148,7 @@ TEST(Memory, ConcurrentMallocFreeKeepsAccountingExact) {
     });
   }
   for (auto& t : threads) t.join();
-  EXPECT_EQ(mem_get_info(7).free, 8 * kGiB);
+  EXPECT_EQ(mem_get_info(7).free, cap());
 }
 
 }  // namespace

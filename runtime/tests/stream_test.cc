@@ -147,13 +147,17 @@ TEST(Stream, AsyncErrorSurfacesOnceAndStreamKeepsWorking) {
   const Stream s{3, 0};
   int later = 0;
   launch(s, "my_op", [] { throw std::runtime_error("boom"); });
-  launch(s, "second_failure", [] { throw std::runtime_error("ignored while one is pending"); });
+  launch(s, "second_failure", [] { throw std::runtime_error("listed after the first"); });
   launch(s, "later", [&] { ++later; });
   try {
     stream_synchronize(s);
     FAIL() << "expected AsyncError";
   } catch (const AsyncError& e) {
-    EXPECT_EQ(std::string(e.what()), "axon: asynchronous error in 'my_op' on axon:3 stream 0: boom");
+    EXPECT_EQ(std::string(e.what()),
+              "axon: asynchronous error in 'my_op' on axon:3 stream 0: boom\n"
+              "1 more asynchronous error since the last synchronization:\n"
+              "  axon: asynchronous error in 'second_failure' on axon:3 stream 0: listed after "
+              "the first");
   }
   EXPECT_EQ(later, 1);
   EXPECT_NO_THROW(stream_synchronize(s));  // cleared

@@ -90,7 +90,9 @@ def install() -> None:
     from . import parallel
 
     parallel.install()
-    if os.environ.get("AXON_TEST_HARNESS", "0") == "1":
+    from .._C import _env_bool  # the runtime's parser: 1/true/yes/on, warns on bad values
+
+    if _env_bool("AXON_TEST_HARNESS", False):
         # PyTorch's own distributed test harnesses on axon (torch_axon/testing).
         from .. import testing  # noqa: F401  (registers its patches)
 

@@ -145,7 +145,7 @@ def install() -> None:
     _installed = True
     from . import (hf_accelerate, hf_accelerate_cli, hf_diffusers, hf_distributed,  # noqa: F401  (register patches)
                    hf_transformers, safetensors_device, torch_autocast, torch_compile,
-                   torch_dlpack, torch_flex_attention)
+                   torch_dlpack, torch_flex_attention, torch_multiprocessing)
 
     sys.meta_path.insert(0, _PatchingFinder())
     for name in list(_patches):

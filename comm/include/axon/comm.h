@@ -17,6 +17,14 @@
 // after every peer's 3(s-2)+3: two buffers and three phases make a trailing
 // barrier unnecessary (DeepSpeed's shm allreduce does the same).
 //
+// Every call carries a signature (a sequence number, the kind of call, the
+// dtype, the element or byte count, the reduce op and the root), written to
+// the rank's control block in the call's first step; in that step every rank
+// waits for every peer's first phase and compares the signatures before it
+// reads or writes any peer's data.  A mismatch fails the call on every rank
+// with a message naming both calls, and the group is broken.  Point-to-point
+// messages carry their byte count and dtype, checked by the receiver.
+//
 // Waits spin briefly, then yield, then sleep on a futex in the segment: on
 // machines with fewer cores than ranks a spinning rank would steal the core
 // its peer needs.  A wait that passes the timeout, or whose peer process has
@@ -65,11 +73,20 @@ struct Config {
   size_t p2p_bytes = size_t{1} << 20;     // ring buffer per ordered pair of ranks
   size_t small_bytes = size_t{256} << 10; // all_reduce up to this: every rank reduces all inputs
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  // The cache of mapped peer buffers (see ShmGroup::map_peer) holds at most
+  // this many mappings and bytes; the least recently used go first.
+  size_t peer_map_entries = 256;
+  size_t peer_map_bytes = size_t{4} << 30;
 };
 
 // A buffer other processes can map: its memfd (valid in the owning process),
 // an id unique among the owner's buffers, the mapping's size and the
 // buffer's offset in it (the runtime's MemoryExport of device memory).
+// Peers cache their mapping of it by (rank, id).  The owner releases the
+// memory with ftruncate(fd, 0) before closing fd (axon::rt::free does): that
+// frees the pages even while peers still map them, and tells the peers'
+// caches that the mapping is stale (they drop it at their next shared step).
+// Ids are never reused, so a stale mapping is never read.
 struct SharedBuffer {
   int fd = -1;
   uint64_t id = 0;
@@ -83,6 +100,7 @@ struct P2POp {
   int peer;
   void* data;    // const for sends
   size_t bytes;
+  int dtype = -1;  // a DType the receiver checks against the sender's, or -1 (unchecked)
 };
 
 class ShmGroup {
@@ -109,6 +127,13 @@ class ShmGroup {
   // their waits fail at once instead of at the timeout).  For failures
   // outside this class (e.g. a gloo transfer between hosts).
   void abort(const std::string& why);
+  // The element type that the next byte-moving collectives (broadcast,
+  // all_gather, gather, scatter) carry in their signature, or -1; reducing
+  // collectives carry their own.  Stays until changed.
+  void set_dtype_tag(int dtype) { dtype_tag_ = dtype; }
+  // The peers' buffers mapped here (the cache of map_peer): count and bytes.
+  size_t mapped_peer_count() const { return peer_maps_.size(); }
+  size_t mapped_peer_bytes() const;
 
   void barrier();
   // In place: data holds this rank's input and receives the result.  When
@@ -160,7 +185,29 @@ class ShmGroup {
   struct RankCtl;
   struct Chan;
 
+  enum class Kind : uint32_t { kNone, kBarrier, kAllReduce, kBroadcast, kReduce, kAllGather,
+                              kGather, kScatter, kReduceScatter, kAllToAll };
+  // A call's signature (in the control block: trivially copyable).
+  struct Sig {
+    uint64_t seq;
+    uint32_t kind;
+    int32_t dtype;   // a DType, or -1
+    uint64_t count;  // elements (reducing calls) or bytes
+    int32_t op;      // a ReduceOp, or -1
+    int32_t root;    // or -1
+  };
+  struct PeerMap {
+    void* addr;
+    size_t size;
+    int fd;              // this process's descriptor of the peer's memfd
+    uint64_t last_used;  // the step that last used it
+  };
   void check_usable(const char* op);
+  // Starts a call: its signature goes out with the first step's phase 1.
+  void begin_call(Kind kind, int dtype, uint64_t count, int op, int root);
+  void check_signatures();
+  std::string describe(const Sig& s) const;
+  void sweep_peer_maps(size_t incoming_entries, size_t incoming_bytes);
   std::string peer_abort_message() const;  // empty unless another rank aborted
   [[noreturn]] void fail(const std::string& message);
   // Step protocol.
@@ -199,7 +246,13 @@ class ShmGroup {
   uint64_t step_ = 0;     // steps started by this rank
   uint64_t cur_ = 0;      // the current step
   const char* cur_op_ = "";
-  std::map<std::pair<int, uint64_t>, std::pair<void*, size_t>> peer_maps_;  // (rank, id)
+  std::map<std::pair<int, uint64_t>, PeerMap> peer_maps_;  // (rank, id)
+  size_t peer_map_bytes_ = 0;
+  uint64_t calls_ = 0;                 // calls started by this rank (their sequence number)
+  bool sig_pending_ = false;           // the next step carries the call's signature
+  Sig sig_{};                          // the current call's
+  uint64_t sig_step_ = UINT64_MAX;     // the step whose phase 1 compares signatures
+  int dtype_tag_ = -1;
   mutable std::mutex broken_mu_;
   std::string broken_;
 };

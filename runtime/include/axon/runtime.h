@@ -39,18 +39,34 @@ class InvalidDeviceError : public Error {
 class OutOfMemoryError : public Error {
  public:
   OutOfMemoryError(const std::string& what, int device, size_t requested,
-                   size_t used, size_t capacity)
+                   size_t used, size_t capacity, bool host = false)
       : Error(what), device(device), requested(requested), used(used),
-        capacity(capacity) {}
+        capacity(capacity), host(host) {}
   int device;
   size_t requested;  // bytes asked for
   size_t used;       // bytes of device memory in use when it failed
   size_t capacity;   // the device's capacity in bytes
+  // The device had room but the host did not: the host refused the memory
+  // (mmap/memfd/aligned_alloc failed), or all devices together would exceed
+  // the host memory the runtime may use (host_memory_info).
+  bool host;
 };
 
 // An exception thrown by stream work, reported at the next synchronising call
 // on that stream (stream_synchronize, event_synchronize on an event recorded
 // there, device_synchronize, a blocking copy).  Carries the op's name.
+//
+// Errors travel along dependencies: an event recorded after failed work
+// carries the failure; a stream that waits on that event (stream_wait_event,
+// also across devices) takes it, and its next synchronising call reports it
+// too.  Work enqueued after a failure or after such a wait still runs (its
+// results may be garbage), but nothing the host reads from it escapes a
+// synchronising call, which raises first.  A synchronising call reports every
+// failure pending on what it synchronises: the first one's message, then the
+// others listed ("N more asynchronous errors ..."), and clears them there.
+// Once raised, a failure stops travelling: streams that only inherited it
+// drop it, later events do not carry it; the stream it failed on still
+// reports it once (its own results are wrong too).
 class AsyncError : public Error {
  public:
   using Error::Error;
@@ -70,11 +86,16 @@ struct DeviceProperties {
 // Configured once per process from the environment:
 //   AXON_NUM_DEVICES          physical cores (default 8)
 //   AXON_DEVICE_MEMORY        memory of one physical core, e.g. "8GiB", "512MiB"
-//                             (default 8GiB)
+//                             (default min(8GiB, host memory / AXON_NUM_DEVICES))
+//   AXON_HOST_MEMORY          host memory all devices may use together
+//                             (default: physical memory or cgroup limit)
 //   AXON_LOGICAL_CORE_CONFIG  physical cores per logical device (default 1):
 //                             device_count = AXON_NUM_DEVICES / N, memory and
 //                             compute units x N
 //   AXON_LAUNCH_BLOCKING=1    every launch and copy completes before returning
+// At most 127 devices (PyTorch's 8-bit device index); a larger count is
+// ignored with a warning, like every other bad value.  The default memory is
+// min(8GiB, host memory / AXON_NUM_DEVICES).
 int device_count() noexcept;
 
 // Throws InvalidDeviceError naming the index and the device count.
@@ -96,7 +117,11 @@ bool in_bad_fork() noexcept;
 // ---------------------------------------------------------------- memory
 
 // Allocates `bytes` (64-byte aligned) of device memory.  Throws
-// OutOfMemoryError when the device's capacity would be exceeded.
+// OutOfMemoryError when the device's capacity would be exceeded, or (with
+// host = true) when the host cannot back it: device memory is host memory,
+// and the devices of a process together never use more than the host memory
+// limit (AXON_HOST_MEMORY, default the host's physical memory or its cgroup
+// limit); nor is an allocation made that the host reports it cannot supply.
 void* malloc(int device, size_t bytes);
 
 // Frees device memory returned by malloc.  The caller guarantees no pending
@@ -108,6 +133,10 @@ struct MemoryInfo {
   size_t total;
 };
 MemoryInfo mem_get_info(int device);
+
+// Host memory used by the devices of this process (all devices together) and
+// the limit on it; total is 0 when there is no limit.
+MemoryInfo host_memory_info() noexcept;
 
 // The device owning `ptr` (anywhere inside an allocation), or -1.
 int pointer_device(const void* ptr) noexcept;
@@ -173,9 +202,12 @@ void launch(Stream s, const char* name, std::function<void()> fn);
 // waits for the copy (pageable host memory may be reused after return).
 void memcpy(void* dst, const void* src, size_t n, Stream s);
 
-void stream_synchronize(Stream s);  // rethrows the stream's pending AsyncError
+void stream_synchronize(Stream s);  // throws the stream's pending AsyncError(s)
 bool stream_query(Stream s);        // true when all enqueued work has run
 void device_synchronize(int device);
+// Waits for all work on the device's streams without reporting failures
+// (allocators: freeing memory must not consume errors meant for the user).
+void device_wait(int device);
 
 // ---------------------------------------------------------------- events
 
@@ -190,7 +222,13 @@ void event_record(Event* e, Stream s);
 // recorded is complete.
 void stream_wait_event(Stream s, Event* e);
 bool event_query(Event* e);
+// Waits for e; throws AsyncError if work before it on its stream (or on a
+// stream it waited for) failed and no synchronising call raised it yet.
+// Those failures then count as reported on the recording stream too.
 void event_synchronize(Event* e);
+// Waits for e without reporting failures (allocators, teardown: they must
+// not consume errors meant for the user).
+void event_wait(Event* e);
 // Milliseconds between the completions of start and end (both recorded and
 // complete, else throws Error).
 double event_elapsed_ms(Event* start, Event* end);
