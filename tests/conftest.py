@@ -202,3 +202,15 @@ def tiny_causal_lm(arch: str):
             setattr(cfg, name, 0.0)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+
+
+@pytest.fixture(scope="module")
+def no_graph_caches():
+    """Compiles in the module run the whole pipeline (no FX-graph / AOT autograd cache hits)."""
+    import torch._functorch.config
+    import torch._inductor.config
+
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+    torch._dynamo.reset()

@@ -47,12 +47,8 @@ SAME_DEVICE = "Expected all tensors to be on the same device"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _no_graph_caches():
-    """Compiles in this module run the whole pipeline (no FX-graph / AOT cache hits)."""
-    with torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
-        yield
-    torch._dynamo.reset()
+def _no_graph_caches(no_graph_caches):
+    """Compiles in this module run the whole pipeline (conftest.no_graph_caches)."""
 
 
 @pytest.fixture(autouse=True)

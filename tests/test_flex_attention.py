@@ -51,12 +51,8 @@ pytestmark = pytest.mark.filterwarnings(
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _no_graph_caches():
+def _no_graph_caches(no_graph_caches):
     """Compiles run the whole pipeline (the axon post-grad pass, the template)."""
-    with torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
-        yield
-    torch._dynamo.reset()
 
 
 @pytest.fixture

@@ -15,11 +15,7 @@ namespace {
 
 using testing::Gate;
 
-struct ScopedEvent {
-  explicit ScopedEvent(int d) : e(event_create(d)) {}
-  ~ScopedEvent() { event_destroy(e); }
-  Event* e;
-};
+using testing::ScopedEvent;
 
 void fail(Stream s, const char* name, const char* what) {
   launch(s, name, [what] { throw std::runtime_error(what); });

@@ -12,12 +12,7 @@ namespace {
 
 using testing::Gate;
 
-// Owns an event for the test's scope.
-struct ScopedEvent {
-  explicit ScopedEvent(int d) : e(event_create(d)) {}
-  ~ScopedEvent() { event_destroy(e); }
-  Event* e;
-};
+using testing::ScopedEvent;
 
 TEST(Event, NeverRecordedIsComplete) {
   ScopedEvent a(0), b(0);

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "axon/runtime.h"
+
 namespace axon::rt::testing {
 
 // A one-shot gate: stream work blocks on it until the test opens it.  (A
@@ -32,7 +34,16 @@ class Gate {
   bool open_ = false;
 };
 
-// Most tests assume the defaults (8 devices of 8 GiB, asynchronous launches).
+// Owns an event for the test's scope.
+struct ScopedEvent {
+  explicit ScopedEvent(int d) : e(event_create(d)) {}
+  ~ScopedEvent() { event_destroy(e); }
+  ScopedEvent(const ScopedEvent&) = delete;
+  ScopedEvent& operator=(const ScopedEvent&) = delete;
+  Event* e;
+};
+
+// Most tests assume the defaults (8 devices, asynchronous launches).
 inline bool default_environment() {
   for (const char* var : {"AXON_NUM_DEVICES", "AXON_DEVICE_MEMORY", "AXON_LOGICAL_CORE_CONFIG",
                           "AXON_LAUNCH_BLOCKING"}) {
