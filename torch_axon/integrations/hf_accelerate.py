@@ -6,16 +6,9 @@ import functools
 
 import torch
 
-from ._hooks import add_enum_member, extend_inline_tuple, on_import, replace_function
-
-
-def _axon_available() -> bool:
-    return hasattr(torch, "axon") and torch.axon.is_available()
-
-
-def _axon_is_the_accelerator() -> bool:
-    """torch's current accelerator is axon (no CUDA or other built-in device)."""
-    return _axon_available() and torch.accelerator.current_accelerator().type == "axon"
+from ._hooks import on_import
+from ._tools import (add_enum_member, axon_available, axon_is_the_accelerator, extend_inline_tuple,
+                     replace_function)
 
 
 @on_import("accelerate.state")
@@ -35,7 +28,7 @@ def partial_state_default_device(state) -> None:
 
     def default_device(self) -> torch.device:
         device = original.fget(self)
-        if device.type == "cpu" and _axon_available():
+        if device.type == "cpu" and axon_available():
             return torch.device("axon", torch.axon.current_device())
         return device
 
@@ -93,7 +86,7 @@ def grad_scaler_device(modeling) -> None:
 
     @functools.wraps(original)
     def get_grad_scaler(distributed_type=None, **kwargs):
-        if not _axon_is_the_accelerator():
+        if not axon_is_the_accelerator():
             return original(distributed_type, **kwargs)
         if distributed_type == modeling.DistributedType.FSDP:
             kwargs.setdefault("device", "axon")
@@ -125,7 +118,7 @@ def max_memory_axon(modeling) -> None:
 
     @functools.wraps(original)
     def get_max_memory(max_memory=None):
-        if not _axon_is_the_accelerator():
+        if not axon_is_the_accelerator():
             return original(max_memory)
         import psutil
 
@@ -189,7 +182,7 @@ def accelerate_rng_sync(random) -> None:
     def synchronize_rng_state(rng_type=None, generator=None):
         axon_type = getattr(RNGType, "AXON", None)
         if rng_type not in (RNGType.CUDA, axon_type) or torch.cuda.is_available() \
-                or not _axon_is_the_accelerator():
+                or not axon_is_the_accelerator():
             return original(rng_type, generator)
         rng_state = torch.axon.get_rng_state()
         state = random.AcceleratorState()
@@ -219,7 +212,7 @@ def clear_device_cache_axon(memory) -> None:
     @functools.wraps(original)
     def clear_device_cache(garbage_collection: bool = False) -> None:
         original(garbage_collection)
-        if _axon_is_the_accelerator():
+        if axon_is_the_accelerator():
             torch.axon.empty_cache()
 
     clear_device_cache._axon_patch = True
@@ -250,7 +243,7 @@ def accelerator_state_rng_axon(checkpointing) -> None:
     @functools.wraps(save)
     def save_accelerator_state(*args, **kwargs):
         result = save(*args, **kwargs)
-        if _axon_is_the_accelerator():
+        if axon_is_the_accelerator():
             path = rng_file(save, args, kwargs, "output_dir")
             states = checkpointing.load(path)
             states["torch_axon_manual_seed"] = torch.axon.get_rng_state_all()
@@ -261,7 +254,7 @@ def accelerator_state_rng_axon(checkpointing) -> None:
     def load_accelerator_state(*args, **kwargs):
         result = load(*args, **kwargs)
         path = rng_file(load, args, kwargs, "input_dir")
-        if _axon_is_the_accelerator() and path.is_file():
+        if axon_is_the_accelerator() and path.is_file():
             try:  # as upstream: a random state that cannot be loaded is logged
                 states = checkpointing.load(path)
                 if "torch_axon_manual_seed" in states:

@@ -21,8 +21,8 @@ import tempfile
 
 import torch
 
-from ._hooks import on_import, replace_function
-from .hf_accelerate import _axon_is_the_accelerator
+from ._hooks import on_import
+from ._tools import axon_is_the_accelerator, replace_function
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def default_config_axon(default) -> None:
     @functools.wraps(original)
     def write_basic_config(mixed_precision="no", save_location: str = default.default_json_config_file):
         path = original(mixed_precision, save_location)
-        if not path or not _axon_is_the_accelerator():
+        if not path or not axon_is_the_accelerator():
             return path
         with open(path) as f:
             config = json.load(f)
@@ -84,7 +84,7 @@ def launch_process_count(launch) -> None:
     def _validate_launch_command(args):
         uses_config = args.config_file is not None or (
             os.path.isfile(launch.default_config_file) and not args.cpu)
-        ours = not uses_config and not args.cpu and _axon_is_the_accelerator()
+        ours = not uses_config and not args.cpu and axon_is_the_accelerator()
         count_later = ours and args.num_processes is None and args.multi_gpu
         if ours and args.num_processes is None and not args.multi_gpu:
             args.num_processes = torch.axon.device_count()
@@ -123,7 +123,7 @@ def env_reports_axon(env) -> None:
         with contextlib.redirect_stdout(printed):
             info = original(args)
         text = printed.getvalue()
-        if info.get("PyTorch accelerator") == "N/A" and _axon_is_the_accelerator():
+        if info.get("PyTorch accelerator") == "N/A" and axon_is_the_accelerator():
             axon_type = f"{torch.axon.get_device_name()} x {torch.axon.device_count()}"
             info["PyTorch accelerator"] = "AXON"
             text = text.replace("- PyTorch accelerator: N/A",
@@ -170,7 +170,7 @@ def test_command_axon(test) -> None:
 
     @functools.wraps(original)
     def test_command(args):
-        if not _axon_is_the_accelerator():
+        if not axon_is_the_accelerator():
             return original(args)
         script = test.path_in_accelerate_package("test_utils", "scripts", "test_script.py")
         with open(script) as f:

@@ -17,7 +17,7 @@ import types
 import torch
 
 from ._hooks import on_import
-from .hf_accelerate import _axon_available
+from ._tools import axon_available
 
 
 def _axon_backend() -> str | None:
@@ -60,7 +60,7 @@ def transformers_distributed_backend(utils) -> None:
 
 
 def _is_torchrun_axon(cpu: bool) -> bool:
-    return (not cpu and int(os.environ.get("LOCAL_RANK", -1)) != -1 and _axon_available()
+    return (not cpu and int(os.environ.get("LOCAL_RANK", -1)) != -1 and axon_available()
             and not torch.cuda.is_available())
 
 

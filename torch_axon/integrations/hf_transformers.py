@@ -8,7 +8,7 @@ import os
 import torch
 
 from ._hooks import on_import
-from .hf_accelerate import _axon_available
+from ._tools import axon_available
 
 
 @on_import("transformers.training_args")
@@ -30,7 +30,7 @@ def training_args_setup_devices(training_args) -> None:
     @functools.wraps(original.func)
     def _setup_devices(self) -> torch.device:
         device = original.func(self)
-        if device.type == "cpu" and not self.use_cpu and _axon_available():
+        if device.type == "cpu" and not self.use_cpu and axon_available():
             state_device = getattr(self.distributed_state, "device", None)
             if state_device is not None and state_device.type == "axon":
                 self._n_gpu = 1
@@ -62,7 +62,7 @@ def training_args_bf16_available(training_args) -> None:
     def is_torch_bf16_gpu_available() -> bool:
         if original():
             return True
-        return _axon_available() and torch.axon.is_bf16_supported()
+        return axon_available() and torch.axon.is_bf16_supported()
 
     is_torch_bf16_gpu_available._axon_patch = True
     training_args.is_torch_bf16_gpu_available = is_torch_bf16_gpu_available
@@ -180,7 +180,7 @@ def trainer_rng_state_axon(trainer_module) -> None:
     @functools.wraps(save)
     def _save_rng_state(self, output_dir: str) -> None:
         save(self, output_dir)
-        if torch.cuda.is_available() or not _axon_available():
+        if torch.cuda.is_available() or not axon_available():
             return
         path = _rng_file(self, output_dir)
         with trainer_module.safe_globals():
@@ -192,7 +192,7 @@ def trainer_rng_state_axon(trainer_module) -> None:
     @functools.wraps(load)
     def _load_rng_state(self, checkpoint: str | None) -> None:
         load(self, checkpoint)
-        if checkpoint is None or not _axon_available() or not os.path.isfile(
+        if checkpoint is None or not axon_available() or not os.path.isfile(
                 path := _rng_file(self, checkpoint)):
             return
         with trainer_module.safe_globals():

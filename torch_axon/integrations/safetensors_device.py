@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ._hooks import on_import, replace_function
+from ._hooks import on_import
+from ._tools import replace_function
 
 
 def _axon_index(device) -> int | None:
