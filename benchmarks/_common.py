@@ -1,12 +1,17 @@
-"""Shared helpers of the benchmark scripts: machine header, timing, tables, model config.
+"""Shared helpers of the benchmark scripts: machine record, arguments, timing, tables, model.
 
-Not a benchmark itself. Every script prints, before its results, the exact command,
-the machine, the thread count and the date (``print_header``), and its results as a
-markdown table (``print_table``) that can be pasted into BENCHMARKS.md.
+Not a benchmark itself. Every script prints, before its results, the machine record
+(``print_header``: command, date, commit, CPU model and ISA flags, cores, memory and a
+copy bandwidth measured in the same run, torch threads), builds its options with
+``make_parser``/``resolve_defaults``, times with ``timed``/``time_per_call`` in rounds that
+alternate the devices (``alternate``), reports medians (``median``), and prints its results
+as markdown tables (``print_table``) that can be pasted into BENCHMARKS.md with the record.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -28,15 +33,59 @@ DEVICES = ("cpu", "axon")
 # ---------------------------------------------------------------- environment
 
 
-def cpu_model() -> str:
+def _lscpu() -> dict[str, str]:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.strip().startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
     except (OSError, subprocess.SubprocessError):
+        return {}
+    fields = {}
+    for line in out.splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            fields[k.strip()] = v.strip()
+    return fields
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                if fields:
+                    break
+                continue
+            if ":" in line:
+                k, v = line.split(":", 1)
+                fields.setdefault(k.strip(), v.strip())
+    except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return fields
+
+
+def cpu_model() -> str:
+    """Model name, and family/model/stepping when the name alone is generic ("AMD EPYC" in a VM)."""
+    info = _cpuinfo()
+    name = info.get("model name") or _lscpu().get("Model name") or platform.processor() or platform.machine()
+    fms = [info.get(k) for k in ("cpu family", "model", "stepping")]
+    if all(fms):
+        name += f" (family {fms[0]}, model {fms[1]}, stepping {fms[2]})"
+    return name
+
+
+# The ISA extensions our kernels and the CPU's libraries (oneDNN, MKL) choose between.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile")
+
+
+def isa_flags() -> dict[str, bool]:
+    flags = set(_cpuinfo().get("flags", "").split())
+    return {f: f in flags for f in ISA_FLAGS}
+
+
+def caches() -> str:
+    """'L2 2 MiB (2 instances), L3 32 MiB (1 instance)' from lscpu, or ''."""
+    info = _lscpu()
+    return ", ".join(f"{k.split()[0]} {info[k]}" for k in ("L2 cache", "L3 cache") if info.get(k))
 
 
 def mem_total_gib() -> float | None:
@@ -47,6 +96,31 @@ def mem_total_gib() -> float | None:
     except OSError:
         pass
     return None
+
+
+# Beyond every cache; and above glibc's 32 MiB ceiling for its dynamic mmap threshold, so
+# allocating and freeing it leaves the CPU allocator's behaviour (which the cpu figures of
+# train_step.py depend on, see --malloc-reuse) as it was.
+BANDWIDTH_BYTES = 256 << 20
+
+
+def copy_bandwidth(threads: int, nbytes: int = BANDWIDTH_BYTES, reps: int = 5) -> float:
+    """Bytes copied per second by ``dst.copy_(src)`` of ``nbytes`` (beyond every cache) on
+    ``threads`` torch threads, median of ``reps``: each byte is read once and written once."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        src = torch.ones(nbytes // 4)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # the pages exist before the clock starts
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t)
+        return nbytes / statistics.median(times)
+    finally:
+        torch.set_num_threads(saved)
 
 
 def git_commit() -> str:
@@ -65,7 +139,7 @@ def axon_build() -> str:
     try:
         import torch_axon._C as ext
         mtime = datetime.datetime.fromtimestamp(os.path.getmtime(ext.__file__)).astimezone()
-        return f"torch_axon._C built {mtime.strftime('%Y-%m-%d %H:%M')}"
+        return f"torch_axon._C built {mtime.strftime('%Y-%m-%d %H:%M %Z')}"
     except (ImportError, OSError, AttributeError):
         return "torch_axon._C build time unknown"
 
@@ -84,23 +158,81 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in [exe, script, *sys.argv[1:]])
 
 
-def print_header(title: str, args=None) -> None:
+def machine_record(bandwidth: bool = True) -> dict[str, str]:
+    """What a benchmark figure depends on besides the code: the machine record printed at the
+    top of every benchmark (and copied into BENCHMARKS.md with its table). One entry a line:
+
+        command:   the exact command line (interpreter, script, arguments)
+        date:      local date and time of the run
+        commit:    git HEAD (+local changes), and when the loaded extension was built
+        cpu:       model name (family/model/stepping), cores usable/online, architecture
+        isa:       avx2, avx512f, avx512_bf16, avx512_fp16, amx_tile: yes/no each
+        memory:    total; L2/L3 sizes
+        bandwidth: torch copy_ of 256 MiB, 1 thread and all threads, measured in this run
+        torch:     version, threads, axon device count
+    """
+    online = os.cpu_count()
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = online
     mem = mem_total_gib()
+    rec = {
+        "command": command_line(),
+        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "commit": f"{git_commit()}, {axon_build()}",
+        "cpu": (f"{cpu_model()}, {usable} cores"
+                + (f" ({online} online)" if usable != online else "")
+                + f", {platform.machine()}, {platform.system()}"),
+        "isa": ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in isa_flags().items()),
+        "memory": ", ".join(x for x in ((f"{mem:.1f} GiB" if mem else ""), caches()) if x),
+    }
+    if bandwidth:
+        threads = torch.get_num_threads()
+        one = copy_bandwidth(1)
+        text = f"{one / 1e9:.1f} GB/s on 1 thread"
+        if threads > 1:
+            text += f", {copy_bandwidth(threads) / 1e9:.1f} GB/s on {threads} threads"
+        rec["bandwidth"] = (f"{text} (torch copy_ of {BANDWIDTH_BYTES >> 20} MiB, median of 5; "
+                            f"bytes copied per second, each read once and written once)")
+    rec["torch"] = (f"{torch.__version__}, {torch.get_num_threads()} threads (torch.get_num_threads()), "
+                    f"axon: {torch.axon.device_count()} device(s)")
+    return rec
+
+
+def print_header(title: str, args=None) -> None:
+    """The title, the machine record (machine_record) and the options, before any result."""
     print(f"# {title}")
-    print(f"command:  {command_line()}")
-    print(f"date:     {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
-    print(f"machine:  {cpu_model()}, {os.cpu_count()} cores"
-          + (f", {mem:.0f} GiB" if mem else "") + f", {platform.machine()}, {platform.system()}")
-    print(f"torch:    {torch.__version__}, {torch.get_num_threads()} threads "
-          f"(torch.get_num_threads()), axon: {torch.axon.device_count()} device(s), "
-          f"commit {git_commit()}, {axon_build()}")
+    for k, v in machine_record().items():
+        print(f"{k + ':':<11}{v}")
     mmap = os.environ.get("MALLOC_MMAP_THRESHOLD_")
-    print("malloc:   " + (f"MALLOC_MMAP_THRESHOLD_={mmap} (cpu temporaries reuse the heap)" if mmap else
-                          "glibc default (large cpu temporaries are mmapped and page-faulted on every "
-                          "call; axon has a caching allocator; --malloc-reuse to level that)"))
+    print("malloc:    " + (f"MALLOC_MMAP_THRESHOLD_={mmap} (cpu temporaries reuse the heap)" if mmap else
+                           "glibc default (large cpu temporaries are mmapped and page-faulted on every "
+                           "call; axon has a caching allocator; --malloc-reuse to level that)"))
     if args is not None:
-        print("options:  " + ", ".join(f"{k}={v}" for k, v in sorted(vars(args).items())))
+        print("options:   " + ", ".join(f"{k}={v}" for k, v in sorted(vars(args).items())))
     print(flush=True)
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def make_parser(doc: str, quick: str | None = None) -> argparse.ArgumentParser:
+    """An ArgumentParser whose description is the script docstring's first line and whose
+    --help ends with the whole docstring; ``quick``: the help of a --quick smoke-run option."""
+    p = argparse.ArgumentParser(description=doc.strip().splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
+    if quick is not None:
+        p.add_argument("--quick", action="store_true", help=quick)
+    return p
+
+
+def resolve_defaults(args, defaults: dict[str, tuple]) -> None:
+    """Options left at None take defaults[name] = (value with --quick, value without)."""
+    quick = getattr(args, "quick", False)
+    for k, (q, full) in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, q if quick else full)
 
 
 MALLOC_REUSE_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**36)}
@@ -134,6 +266,37 @@ def timed(fn: Callable[[], object], device: str) -> float:
     fn()
     sync(device)
     return time.perf_counter() - t
+
+
+def time_per_call(fn: Callable[[], object], device: str, iters: int, warmup: int = 0) -> float:
+    """Seconds per call of ``iters`` calls of fn in a row, after ``warmup`` untimed calls; the
+    device is drained before the clock starts and before it stops."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t) / iters
+
+
+def alternate(measure: Callable[[str, int], object], repeats: int, devices: Sequence[str] = DEVICES,
+              fallback: FallbackCounter | None = None,
+              progress: Callable[[int, dict], None] | None = None) -> dict[str, list]:
+    """``repeats`` rounds of measure(device, round) for each device in turn (cpu, axon, cpu, axon, ...),
+    so that a shared machine's drifts hit every device alike; the lists of results per device
+    (take their median). ``devices`` may name other variants measured in turn (eager and
+    compiled). Axon measurements run inside ``fallback`` when given, which counts the ops
+    that ran through the CPU fallback; progress(round, results) after each round."""
+    out: dict[str, list] = {d: [] for d in devices}
+    for r in range(repeats):
+        for d in devices:
+            with fallback if (fallback is not None and d == "axon") else contextlib.nullcontext():
+                out[d].append(measure(d, r))
+        if progress is not None:
+            progress(r, out)
+    return out
 
 
 def median(xs: Sequence[float]) -> float:

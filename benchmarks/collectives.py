@@ -27,10 +27,8 @@ of gloo's.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
-import statistics
 import sys
 import time
 
@@ -117,7 +115,6 @@ def _rank_main(rank, world, ops, dtypes, sizes, reps_small, reps_large):
                     if backend == "axon":
                         torch.axon.synchronize()
 
-                times = {"axon": [], "gloo": []}
                 supported = {"axon": True, "gloo": True}
                 for backend in ("axon", "gloo"):  # warm-up (and support check)
                     try:
@@ -129,16 +126,15 @@ def _rank_main(rank, world, ops, dtypes, sizes, reps_small, reps_large):
                 # complete before the next), so the skew the line-up leaves
                 # between ranks is not counted as latency.
                 inner = 20 if size <= (1 << 20) else 1
-                for _ in range(reps):
-                    for backend in ("axon", "gloo"):
-                        if not supported[backend]:
-                            continue
-                        dist.all_reduce(cpu_flag)  # gloo: line the ranks up
-                        t = time.perf_counter()
-                        for _ in range(inner):
-                            call(backend)
-                        times[backend].append((time.perf_counter() - t) / inner)
-                med = {k: statistics.median(v) if v else float("nan") for k, v in times.items()}
+
+                def sample(backend, r):
+                    dist.all_reduce(cpu_flag)  # gloo: line the ranks up
+                    t = time.perf_counter()
+                    for _ in range(inner):
+                        call(backend)
+                    return (time.perf_counter() - t) / inner
+                times = C.alternate(sample, reps, devices=[b for b in ("axon", "gloo") if supported[b]])
+                med = {b: C.median(times.get(b, [])) for b in ("axon", "gloo")}
                 results.append((op, dtype_name, numel * esize, med["axon"], med["gloo"]))
                 del bufs
     memcpy = None
@@ -151,14 +147,13 @@ def _rank_main(rank, world, ops, dtypes, sizes, reps_small, reps_large):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = C.make_parser(__doc__, quick="2 ranks, 8K/32M, all_reduce, float32")
     p.add_argument("--ranks", default="2,4", help="world sizes, comma separated")
     p.add_argument("--sizes", default="8K,64K,512K,4M,32M,256M")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--reps", type=int, default=15, help="samples per size up to 1 MiB")
     p.add_argument("--reps-large", type=int, default=5, help="samples per larger size")
-    p.add_argument("--quick", action="store_true", help="2 ranks, 8K/32M, all_reduce, float32")
     args = p.parse_args()
     if args.quick:
         args.ranks, args.sizes, args.ops, args.dtypes = "2", "8K,32M", "all_reduce", "float32"

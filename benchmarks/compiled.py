@@ -457,9 +457,7 @@ def bench_compile_time(a) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="tiny model, few tokens: a smoke run")
+    p = C.make_parser(__doc__, quick="tiny model, few tokens: a smoke run")
     p.add_argument("--only", choices=["generate", "train", "compile-time"], action="append",
                    help="run only this part (repeatable; default: all three)")
     p.add_argument("--repeats", type=int, default=None,
@@ -482,10 +480,8 @@ def main() -> None:
     C.add_model_args(p)
     C.add_common_args(p)
     a = p.parse_args()
-    for k, (q, full) in dict(repeats=(1, 3), batch_sizes=("1,2", "1,8"), new_tokens=(8, 128),
-                             prompt_len=(8, 32), train_batch=(2, 8), train_seq=(32, 256)).items():
-        if getattr(a, k) is None:
-            setattr(a, k, q if a.quick else full)
+    C.resolve_defaults(a, dict(repeats=(1, 3), batch_sizes=("1,2", "1,8"), new_tokens=(8, 128),
+                               prompt_len=(8, 32), train_batch=(2, 8), train_seq=(32, 256)))
     dtype = C.parse_dtype(a.dtype)
     dims = C.model_dims(a)
     if a.compile_child:

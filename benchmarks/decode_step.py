@@ -14,7 +14,6 @@ step ms, the stream (the device) sets the pace and removing host work cannot hel
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -26,12 +25,10 @@ import _common as C  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = C.make_parser(__doc__, quick="tiny model: a smoke run")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=30, help="timed steps per repetition (<= 200)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="tiny model: a smoke run")
     C.add_model_args(p)
     args = p.parse_args()
     if args.steps > 200:
@@ -53,7 +50,24 @@ def main() -> None:
         return model(input_ids=input_ids, cache_position=cache_position, past_key_values=cache,
                      use_cache=True).logits
 
-    results: dict[str, list[tuple[float, float]]] = {"eager": [], "compiled": []}
+    def measure(name: str, r: int) -> tuple[float, float]:
+        """(host ms, step ms) per step of one run of --steps steps from the prompt's cache."""
+        fn = fns[name]
+        # Each step appends to the cache: start every run from the prompt.
+        cache.reset()
+        step(prompt, torch.arange(32, device="axon"))
+        for _ in range(3):
+            fn(ids, pos).argmax(-1).cpu()
+        host = 0.0
+        t = time.perf_counter()
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            logits = fn(ids, pos)
+            host += time.perf_counter() - t0
+            logits.argmax(-1).cpu()
+        total = time.perf_counter() - t
+        return host / args.steps * 1e3, total / args.steps * 1e3
+
     with torch.no_grad():
         step(prompt, torch.arange(32, device="axon"))  # fill the cache
         compiled = torch.compile(step, backend="axon", dynamic=False)
@@ -61,22 +75,7 @@ def main() -> None:
         compiled(ids, pos).cpu()
         print(f"first compiled step (compiles): {time.perf_counter() - t:.1f} s")
         fns = {"eager": step, "compiled": compiled}
-        for _ in range(args.repeats):
-            for name, fn in fns.items():
-                # Each step appends to the cache: start every run from the prompt.
-                cache.reset()
-                step(prompt, torch.arange(32, device="axon"))
-                for _ in range(3):
-                    fn(ids, pos).argmax(-1).cpu()
-                host = 0.0
-                t = time.perf_counter()
-                for _ in range(args.steps):
-                    t0 = time.perf_counter()
-                    logits = fn(ids, pos)
-                    host += time.perf_counter() - t0
-                    logits.argmax(-1).cpu()
-                total = time.perf_counter() - t
-                results[name].append((host / args.steps * 1e3, total / args.steps * 1e3))
+        results = C.alternate(measure, args.repeats, devices=tuple(fns))
 
     rows = []
     for name, runs in results.items():

@@ -16,10 +16,8 @@ compared between the devices.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
 
 import torch
 
@@ -28,16 +26,14 @@ import _common as C  # noqa: E402
 
 
 def generate(model, prompts: torch.Tensor, device: str, new_tokens: int) -> tuple[torch.Tensor, float]:
+    """(the new tokens on cpu, seconds from a drained device to the device drained after generate)."""
     ids = prompts.to(device)
     mask = torch.ones_like(ids)
-    C.sync(device)
-    t = time.perf_counter()
-    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                         max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                         pad_token_id=0, eos_token_id=2)
-    C.sync(device)
-    seconds = time.perf_counter() - t
-    return out[:, prompts.shape[1]:].cpu(), seconds
+    out = []
+    seconds = C.timed(lambda: out.append(model.generate(
+        input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens, pad_token_id=0, eos_token_id=2)), device)
+    return out[0][:, prompts.shape[1]:].cpu(), seconds
 
 
 def compare(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int | None]:
@@ -50,9 +46,7 @@ def compare(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int | None]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="tiny model, few tokens: a smoke run")
+    p = C.make_parser(__doc__, quick="tiny model, few tokens: a smoke run")
     p.add_argument("--repeats", type=int, default=None, help="timed generates per device (3; quick 1)")
     p.add_argument("--batch-sizes", default=None, help="comma-separated (1,8; quick 1,2)")
     p.add_argument("--new-tokens", type=int, default=None, help="generated tokens (128; quick 8)")
@@ -66,10 +60,8 @@ def main() -> None:
     C.add_common_args(p)
     a = p.parse_args()
     C.apply_malloc_reuse(a)
-    for k, (q, full) in dict(repeats=(1, 3), batch_sizes=("1,2", "1,8"), new_tokens=(8, 128),
-                             prompt_len=(8, 32)).items():
-        if getattr(a, k) is None:
-            setattr(a, k, q if a.quick else full)
+    C.resolve_defaults(a, dict(repeats=(1, 3), batch_sizes=("1,2", "1,8"), new_tokens=(8, 128),
+                               prompt_len=(8, 32)))
     batch_sizes = [int(b) for b in str(a.batch_sizes).split(",")]
     dtype = C.parse_dtype(a.dtype)
     dims = C.model_dims(a)
@@ -89,21 +81,19 @@ def main() -> None:
     for batch in batch_sizes:
         prompts = torch.randint(3, dims["vocab"], (batch, a.prompt_len), generator=g)
         outs: dict[str, list[torch.Tensor]] = {d: [] for d in C.DEVICES}
-        times: dict[str, list[float]] = {d: [] for d in C.DEVICES}
         for d in C.DEVICES:  # warmup (its tokens are checked too)
             outs[d].append(generate(models[d], prompts, d, a.new_tokens)[0])
-        fallback = C.FallbackCounter()
-        for _ in range(a.repeats):
-            for d in C.DEVICES:
-                if d == "axon":
-                    with fallback:
-                        out, sec = generate(models[d], prompts, d, a.new_tokens)
-                else:
-                    out, sec = generate(models[d], prompts, d, a.new_tokens)
-                outs[d].append(out)
-                times[d].append(sec)
+
+        def measure(d: str, r: int) -> float:
+            out, sec = generate(models[d], prompts, d, a.new_tokens)
+            outs[d].append(out)
+            return sec
+
+        def progress(r: int, times: dict) -> None:
             print(f"  batch {batch}: cpu {times['cpu'][-1]:.2f}s, axon {times['axon'][-1]:.2f}s",
                   file=sys.stderr, flush=True)
+        fallback = C.FallbackCounter()
+        times = C.alternate(measure, a.repeats, fallback=fallback, progress=progress)
         fallbacks[batch] = fallback
         tok = batch * a.new_tokens
         c, x = C.median(times["cpu"]), C.median(times["axon"])

@@ -25,7 +25,6 @@ import argparse
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -190,26 +189,9 @@ def run_case(case: Case, a) -> None:
         one.append(C.timed(calls["cpu"], "cpu"))
     iters = a.iters or max(1, min(a.max_iters, math.ceil(a.min_time / C.median(one))))
 
-    times = {d: [] for d in C.DEVICES}
     fallback = C.FallbackCounter()
-    for _ in range(a.repeats):
-        for d in C.DEVICES:
-            fn = calls[d]
-
-            def rep():
-                for _ in range(a.warmup):
-                    fn()
-                C.sync(d)
-                t = time.perf_counter()
-                for _ in range(iters):
-                    fn()
-                C.sync(d)
-                return time.perf_counter() - t
-            if d == "axon":
-                with fallback:
-                    times[d].append(rep() / iters)
-            else:
-                times[d].append(rep() / iters)
+    times = C.alternate(lambda d, r: C.time_per_call(calls[d], d, iters, warmup=a.warmup), a.repeats,
+                        fallback=fallback)
     case.results.update(iters=iters, cpu=C.median(times["cpu"]), axon=C.median(times["axon"]),
                         fallback=fallback, calls=a.repeats * (a.warmup + iters))
     if a.profile:
@@ -219,9 +201,7 @@ def run_case(case: Case, a) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="tiny shapes, 2 repeats: a smoke run")
+    p = C.make_parser(__doc__, quick="tiny shapes, 2 repeats: a smoke run")
     p.add_argument("--repeats", type=int, default=None, help="repetitions per device (5; quick 2)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls before each repetition")
     p.add_argument("--min-time", type=float, default=None,
@@ -244,12 +224,9 @@ def main() -> None:
     C.add_common_args(p)
     a = p.parse_args()
     C.apply_malloc_reuse(a)
-    quick = a.quick
-    defaults = dict(repeats=(2, 5), min_time=(0.01, 0.1), batch=(2, 8), seq=(64, 256), heads=(4, 8),
-                    head_dim=(32, 64), kv_len=(128, 512), norm_dims=("128,512", "512,2048"))
-    for k, (q, full) in defaults.items():
-        if getattr(a, k) is None:
-            setattr(a, k, q if quick else full)
+    C.resolve_defaults(a, dict(repeats=(2, 5), min_time=(0.01, 0.1), batch=(2, 8), seq=(64, 256),
+                               heads=(4, 8), head_dim=(32, 64), kv_len=(128, 512),
+                               norm_dims=("128,512", "512,2048")))
     a.norm_dims = [int(x) for x in str(a.norm_dims).split(",")]
     torch.manual_seed(a.seed)
 

@@ -1,18 +1,24 @@
 """Per-op host overhead: a loop of small ops, axon vs cpu, side by side.
 
     .venv/bin/python benchmarks/op_overhead.py [--iters 3000] [--repeats 7]
+    .venv/bin/python benchmarks/op_overhead.py --quick          # 300 ops, 3 repeats: seconds
 
-Prints the median time per op over several repetitions and the axon/cpu ratio.
+Each op runs on a 1024-element float32 tensor made on the device. One repetition: 100
+untimed calls, then --iters calls timed from a drained device to torch.axon.synchronize()
+after the last (so the slower of host and stream sets the pace). Repetitions alternate
+cpu, axon, cpu, axon, ...; the table shows the median time per op over --repeats
+repetitions and the ratio axon / cpu (< 1: axon faster).
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
+import os
 import sys
-import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
 
 CASES = {
     "x + 1 (1K fp32)": lambda x: x + 1,
@@ -22,33 +28,25 @@ CASES = {
 }
 
 
-def time_per_op(fn, device: str, iters: int) -> float:
-    x = torch.randn(1024, device=device)
-    for _ in range(100):
-        fn(x)
-    sync = torch.axon.synchronize if device == "axon" else (lambda: None)
-    sync()
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn(x)
-    sync()
-    return (time.perf_counter() - t) / iters * 1e6
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--iters", type=int, default=3000)
-    p.add_argument("--repeats", type=int, default=7)
+    p = C.make_parser(__doc__, quick="300 ops per repetition, 3 repetitions: a smoke run")
+    p.add_argument("--iters", type=int, default=None, help="timed ops per repetition (3000; quick 300)")
+    p.add_argument("--repeats", type=int, default=None, help="repetitions per device (7; quick 3)")
     args = p.parse_args()
-    print("command:", " ".join([sys.executable.split("/")[-1], *sys.argv]))
-    print(f"{'op':<34}{'cpu us':>10}{'axon us':>10}{'axon/cpu':>10}")
+    C.resolve_defaults(args, dict(iters=(300, 3000), repeats=(3, 7)))
+    C.print_header("op_overhead: per-op host overhead, axon vs cpu", args)
+
+    rows = []
     for name, fn in CASES.items():
-        cpu, axon = [], []
-        for _ in range(args.repeats):  # interleaved, so noise hits both alike
-            cpu.append(time_per_op(fn, "cpu", args.iters))
-            axon.append(time_per_op(fn, "axon", args.iters))
-        c, a = statistics.median(cpu), statistics.median(axon)
-        print(f"{name:<34}{c:>10.2f}{a:>10.2f}{a / c:>10.2f}")
+        def measure(device: str, r: int) -> float:
+            x = torch.randn(1024, device=device)
+            return C.time_per_call(lambda: fn(x), device, args.iters, warmup=100)
+        times = C.alternate(measure, args.repeats)
+        c, a = C.median(times["cpu"]) * 1e6, C.median(times["axon"]) * 1e6
+        rows.append([name, f"{c:.2f}", f"{a:.2f}", f"{a / c:.2f}"])
+    C.print_table(["op", "cpu us", "axon us", "axon/cpu"], rows)
+    print(f"median of {args.repeats} repetitions of {args.iters} ops per device, each timed to a final "
+          f"synchronize after 100 untimed ops.")
 
 
 if __name__ == "__main__":

@@ -19,10 +19,8 @@ foreach=True, fused (or --fused) fused=True.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
 
 import torch
 
@@ -44,9 +42,7 @@ def train_step(model, opt, ids: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="tiny model and batch: a smoke run")
+    p = C.make_parser(__doc__, quick="tiny model and batch: a smoke run")
     p.add_argument("--batch", type=int, default=None, help="sequences per step (8; quick 2)")
     p.add_argument("--seq", type=int, default=None, help="tokens per sequence (256; quick 32)")
     p.add_argument("--steps", type=int, default=None, help="timed steps per repetition (1; quick 2)")
@@ -65,9 +61,7 @@ def main() -> None:
     C.add_common_args(p)
     a = p.parse_args()
     C.apply_malloc_reuse(a)
-    for k, (q, full) in dict(batch=(2, 8), seq=(32, 256), steps=(2, 1), repeats=(1, 5)).items():
-        if getattr(a, k) is None:
-            setattr(a, k, q if a.quick else full)
+    C.resolve_defaults(a, dict(batch=(2, 8), seq=(32, 256), steps=(2, 1), repeats=(1, 5)))
     if a.fused:
         a.optim = "fused"
     dtype = C.parse_dtype(a.dtype)
@@ -91,32 +85,26 @@ def main() -> None:
     n_batches = a.warmup + a.repeats * a.steps
     batches = [torch.randint(3, dims["vocab"], (a.batch, a.seq), generator=g) for _ in range(n_batches)]
     losses: dict[str, list[torch.Tensor]] = {d: [] for d in C.DEVICES}
-    times: dict[str, list[float]] = {d: [] for d in C.DEVICES}
 
     for d in C.DEVICES:  # warmup steps: part of the training run, not timed
         for i in range(a.warmup):
             losses[d].append(train_step(models[d], opts[d], batches[i].to(d)))
         C.sync(d)
-    fallback = C.FallbackCounter()
-    for r in range(a.repeats):
-        chunk = batches[a.warmup + r * a.steps: a.warmup + (r + 1) * a.steps]
-        for d in C.DEVICES:
-            inputs = [b.to(d) for b in chunk]  # copied before the clock starts
-            C.sync(d)
 
-            def run():
-                t = time.perf_counter()
-                for ids in inputs:
-                    losses[d].append(train_step(models[d], opts[d], ids))
-                C.sync(d)
-                return time.perf_counter() - t
-            if d == "axon":
-                with fallback:
-                    times[d].append(run())
-            else:
-                times[d].append(run())
+    def measure(d: str, r: int) -> float:
+        """Repetition r: --steps steps on their own batches, copied before the clock starts."""
+        inputs = [b.to(d) for b in batches[a.warmup + r * a.steps: a.warmup + (r + 1) * a.steps]]
+
+        def run() -> None:
+            for ids in inputs:
+                losses[d].append(train_step(models[d], opts[d], ids))
+        return C.timed(run, d)
+
+    def progress(r: int, times: dict) -> None:
         print(f"  repetition {r + 1}/{a.repeats}: cpu {times['cpu'][-1] / a.steps * 1e3:.0f} ms/step, "
               f"axon {times['axon'][-1] / a.steps * 1e3:.0f} ms/step", file=sys.stderr, flush=True)
+    fallback = C.FallbackCounter()
+    times = C.alternate(measure, a.repeats, fallback=fallback, progress=progress)
 
     tokens = a.batch * a.seq
     c, x = C.median(times["cpu"]) / a.steps, C.median(times["axon"]) / a.steps

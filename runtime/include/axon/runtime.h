@@ -1,9 +1,51 @@
 // The Axon device contract: everything the layers above know about the device.
 //
-// A real chip's driver would implement this header; the simulated device in
-// runtime/src implements it on host CPU threads.  The contract is deliberately
-// small (devices, memory, streams, events, copies, launch) so that swapping the
-// implementation never touches csrc/ or kernels/.
+// The simulated device in runtime/src implements this header on host CPU
+// threads.  The contract is small (devices, memory, streams, events, copies,
+// launch), and csrc/ reaches the device only through it; a real chip's driver
+// would implement it too.  But what the layers above launch, and some of what
+// they read, assumes that the device is the host: launch() enqueues a host
+// callable, and device memory is host-addressable (host_accessible) and
+// shareable with the host's other processes (memory_export).  A driver for a
+// chip whose cores do not run host code, or whose memory the host cannot
+// address, needs besides this header:
+//
+// - Device-side kernels for everything that now runs as host code on device
+//   pointers, and a launch() that takes such a kernel and its arguments
+//   instead of a std::function:
+//   * tier 2 of csrc/aten: ATen's CPU kernels run on host views of device
+//     memory (the structured/native kernels and the generic meta-driven
+//     kernel, genericStreamKernel; CpuKernel.h builds the views on the worker);
+//   * the kernels/ library (norms, softmax, attention, Adam, linear), called
+//     by csrc/aten's fused ops on raw device pointers, with ATen's OpenMP
+//     thread pool as its parallel-for (installKernelParallelBackend);
+//   * the C++ kernels torch.compile generates, launched as host function
+//     pointers (axon_inductor_launch, csrc/python/Inductor.cpp);
+//   * comm/'s reductions and copies (below).
+// - Another way for the places where the host reads or writes device memory
+//   directly, after draining the streams (hostView, csrc/aten/HostView.h):
+//   * the first launch of each kernel signature, which runs the CPU kernel on
+//     the calling thread so that its errors and warnings reach the caller
+//     (csrc/aten/Launch.h);
+//   * tier 3, the fallback (axonFallback): every op without an axon kernel
+//     runs its CPU kernel on host views;
+//   * copies that convert dtype or layout, and copies of non-dense CPU
+//     tensors to the device (_copy_from, copyToDevice), which run ATen's copy
+//     kernel over host views (same-dtype dense copies already use memcpy
+//     below);
+//   * .item() (_local_scalar_dense) and the ops whose result size depends on
+//     the data (nonzero, masked_select), which read device memory on the host;
+//   * gloo collectives on axon tensors (csrc/distributed/GlooAxon.cpp), which
+//     hand gloo host views.
+//   Each can stay correct by staging through memcpy() into host memory and
+//   back (as CUDA backends' CPU fallbacks do), at the cost of the copies.
+// - A transport for collectives: comm/ moves and reduces bytes with host code
+//   on device pointers, mapping the peers' allocations (memory_export) or
+//   staging them through a /dev/shm segment.  A chip needs device-to-device
+//   (peer) copies and reductions on the device, or staging through pinned
+//   host memory.
+// What needs no change: the caching allocator, streams and events, pinned
+// host memory, device guards, and the Python package (torch.axon).
 //
 // Conventions
 // - Every function is thread-safe.
