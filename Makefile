@@ -66,7 +66,7 @@ test-sanitize: $(STAMPS)/apt $(STAMPS)/venv
 # AXON_FUZZ_SECONDS (default 600), AXON_FUZZ_SEED to start elsewhere.
 fuzz: build
 	AXON_FUZZ_SECONDS=$${AXON_FUZZ_SECONDS:-600} AXON_FUZZ_PROGRAMS=$${AXON_FUZZ_PROGRAMS:-100000000} \
-	  $(PY) -m pytest -q -s tests/test_fuzz.py
+	  $(PY) -m pytest -q -s tests/ops/test_fuzz.py
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-thread $(BUILD)-address $(STAMPS) torch_axon/_C*.so

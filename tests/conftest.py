@@ -1,7 +1,18 @@
-"""Shared helpers for the axon test suite.
+"""Shared helpers and fixtures for the axon test suite.
 
 Every numerical test runs the same computation on the CPU and on axon and
 compares the two with torch.testing.assert_close at the tolerances below.
+
+Layout: tests/<layer>/test_<subject>.py (ops/, runtime/, distributed/,
+compile/, integrations/, tools/), no __init__.py. pytest imports each test
+file under its basename with its folder on sys.path, and this file as
+``conftest`` with tests/ on sys.path, so ``from conftest import ...``,
+``from dist_util import ...`` (tests/) and, within tests/ops/,
+``from op_util import ...`` work from any test file, and the processes that
+torch.multiprocessing spawns (which inherit sys.path) import them alike.  Two
+rules follow: test file basenames are unique across folders (pytest says
+"import file mismatch" otherwise), and this is the only conftest.py (a second
+one would replace the module ``conftest`` that the test files import).
 """
 
 from __future__ import annotations
@@ -15,10 +26,15 @@ import textwrap
 import pytest
 import torch
 
+# The helper modules' asserts get pytest's detailed messages, as the tests' own do.
+pytest.register_assert_rewrite("dist_util", "op_util")
+
 # `import torch` alone must load the backend (entry point); fail loudly if not.
 assert hasattr(torch, "axon"), "torch_axon was not autoloaded by `import torch`"
 
 AXON = torch.device("axon")
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))  # holds conftest.py and dist_util.py
+REPO_ROOT = os.path.dirname(TESTS_DIR)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INT_DTYPES = (torch.int32, torch.int64)
 
@@ -92,6 +108,11 @@ def assert_same(actual_axon, expected_cpu, dtype=None, accum=False, **kw):
                 assert a == e
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of t on the CPU (bitwise comparison for every dtype)."""
+    return t.cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
 def make(shape, dtype, low=-3.0, high=3.0, seed=0):
     """A deterministic CPU tensor of shape/dtype with values in [low, high)."""
     g = torch.Generator().manual_seed(seed)
@@ -159,6 +180,15 @@ def _axon_state_guard():
 
 
 @pytest.fixture
+def no_fallback():
+    """The test runs without any op going to the synchronous CPU fallback."""
+    torch.axon.synchronize()
+    torch.axon.reset_fallback_stats()
+    yield
+    assert torch.axon.fallback_stats() == {}
+
+
+@pytest.fixture
 def fresh_memory():
     """Collects garbage so allocator statistics only count the test's tensors."""
     gc.collect()
@@ -214,3 +244,29 @@ def no_graph_caches():
             torch._functorch.config.patch(enable_autograd_cache=False):
         yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """The test starts with empty Dynamo caches and counters (so recompile
+    limits and counts never carry over between tests)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def fresh_accelerate(monkeypatch):
+    """No device or launcher settings in the environment, and no Accelerate
+    state left over from another test."""
+    from accelerate.state import AcceleratorState
+
+    for var in ("ACCELERATE_TORCH_DEVICE", "ACCELERATE_USE_CPU", "ACCELERATE_MIXED_PRECISION",
+                "ACCELERATE_DYNAMO_BACKEND", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)

@@ -12,12 +12,28 @@ fails the test with that rank's traceback.  Ranks that do not finish within
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import socket
 import traceback
 
+import torch
 import torch.multiprocessing as mp
+
+
+def ship(obj) -> bytes:
+    """A rank's result as torch.save bytes (unship() in the parent): tensors put
+    on a torch.multiprocessing queue travel as shared-memory handles that die
+    with the rank that exits right after."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def unship(results: list) -> list:
+    """The objects of ship() from every rank (run_ranks' results)."""
+    return [torch.load(io.BytesIO(b), weights_only=False) for b in results]
 
 
 def free_port() -> int:

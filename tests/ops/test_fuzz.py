@@ -18,7 +18,7 @@ on the CPU and on axon.  After every op:
 Seeds are fixed: program i uses seed AXON_FUZZ_SEED + i (default 0).  The run
 stops after AXON_FUZZ_SECONDS (default 20) or AXON_FUZZ_PROGRAMS programs
 (default 3000): `make test`; `make fuzz` runs longer.  A failure prints the seed and the program, and
-`AXON_FUZZ_SEED=<seed> AXON_FUZZ_PROGRAMS=1 pytest tests/test_fuzz.py -k fuzz -s`
+`AXON_FUZZ_SEED=<seed> AXON_FUZZ_PROGRAMS=1 pytest tests/ops/test_fuzz.py -k fuzz -s`
 replays it alone.
 """
 

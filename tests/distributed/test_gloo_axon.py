@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 from dist_util import run_ranks  # noqa: E402
 
 # What gloo takes (ProcessGroupGloo's GENERATE_ALL_TYPES).

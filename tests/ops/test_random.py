@@ -1,9 +1,13 @@
 """Random numbers on axon: seeding, reproducibility, generator state, explicit
-generators, and the statistics of the common random ops.
+generators, the statistics of the common random ops, their reproducibility
+whatever the stream timing, and dropout.
 
 Statistical bounds are 6 standard errors of the estimate for the sample size,
 so a correct generator fails them with probability < 1e-8 (and every test is
-seeded, hence deterministic)."""
+seeded, hence deterministic).
+"""
+
+from __future__ import annotations
 
 import math
 
@@ -11,10 +15,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import FLOAT_DTYPES
+from conftest import FLOAT_DTYPES, make, tol
+from op_util import Z, leaf, nn_functional_test, sleep_on_stream
+
+
+# ---------------------------------------------------------------- seeding and generators
 
 N = 20000  # samples for statistics
-Z = 6.0    # standard errors allowed
 
 
 def draws(seed, device="axon"):
@@ -157,6 +164,11 @@ def test_generator_reproduces_each_op(op):
         return torch.randperm(64, device="axon", generator=g)
 
     torch.testing.assert_close(run().cpu(), run().cpu(), rtol=0, atol=0)
+
+
+def test_random_op_rejects_a_cpu_generator_like_cuda():
+    with pytest.raises(RuntimeError, match="Expected a 'axon' device type for generator"):
+        torch.empty(3, device="axon").uniform_(generator=torch.Generator())
 
 
 # ---------------------------------------------------------------- statistics
@@ -305,3 +317,74 @@ def test_checkpoint_recomputes_the_same_dropout_mask(use_reentrant):
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
     # dropout really was random: another draw gives another loss
     assert not torch.equal(f(x0.axon()).detach().cpu(), grads[0][0])
+
+
+# ---------------------------------------------------------------- random ops as stream work
+
+def random_draws(seed, busy=False, dtype=torch.float32):
+    torch.manual_seed(seed)
+    if busy:
+        sleep_on_stream(0, 100)
+    x = torch.ones(200, device="axon", dtype=dtype)
+    out = [torch.rand(50, device="axon", dtype=dtype), torch.randn(7, 9, device="axon", dtype=dtype),
+           torch.bernoulli(torch.full((64,), 0.3, device="axon", dtype=dtype)),
+           F.dropout(x, 0.4, training=True),
+           torch.multinomial(torch.arange(1.0, 11.0, device="axon"), 6),
+           torch.multinomial(torch.ones(4, device="axon"), 30, replacement=True),
+           torch.empty(33, device="axon", dtype=dtype).uniform_(-2, 2),
+           torch.empty(20, device="axon", dtype=dtype).normal_(1, 3)]
+    return [t.cpu() for t in out]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_random_ops_reproducible_with_same_seed(dtype):
+    a = random_draws(31, dtype=dtype)
+    b = random_draws(31, dtype=dtype)
+    c = random_draws(32, dtype=dtype)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert sum(not torch.equal(x, y) for x, y in zip(a, c)) >= len(a) - 1
+
+
+def test_random_ops_independent_of_stream_timing():
+    """The generator's offsets are reserved on the host at the call, so the
+    results do not depend on when the kernels run (or on which stream)."""
+    a = random_draws(41, busy=True)
+    torch.manual_seed(41)
+    b = []
+    for f in (lambda: torch.rand(50, device="axon"), lambda: torch.randn(7, 9, device="axon"),
+              lambda: torch.bernoulli(torch.full((64,), 0.3, device="axon"))):
+        b.append(f().cpu())
+        torch.axon.synchronize()
+    side = torch.axon.Stream()
+    with torch.axon.stream(side):
+        b.append(F.dropout(torch.ones(200, device="axon"), 0.4, training=True).cpu())
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_native_dropout_mask_matches_output(dtype, no_fallback):
+    x = make((40, 50), dtype, 0.5, 2, seed=1)
+    torch.manual_seed(3)
+    out, mask = torch.native_dropout(x.axon(), 0.3, True)
+    assert mask.dtype == torch.bool and mask.shape == x.shape
+    out, mask = out.cpu(), mask.cpu()
+    torch.testing.assert_close(out, x * mask * (1 / 0.7), **tol(dtype))
+    frac = mask.double().mean().item()
+    assert abs(frac - 0.7) < Z * math.sqrt(0.21 / mask.numel())
+    # backward uses the same mask
+    xa = leaf(x, "axon")
+    torch.manual_seed(3)
+    y = F.dropout(xa, 0.3, training=True)
+    y.backward(torch.ones_like(y))
+    torch.testing.assert_close(y.detach().cpu(), out, rtol=0, atol=0)
+    torch.testing.assert_close(xa.grad.cpu(), (mask * (1 / 0.7)).to(dtype), **tol(dtype))
+
+
+# name: (input shape, function of the input)
+NN = {
+    "dropout_eval": ((3, 4), lambda x: F.dropout(x, 0.5, training=False)),
+}
+
+test_nn_functional = nn_functional_test(NN)

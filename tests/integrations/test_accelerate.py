@@ -27,14 +27,7 @@ from torch_axon.integrations import hf_accelerate_cli  # noqa: E402
 BIN = Path(sys.executable).parent
 
 
-@pytest.fixture(autouse=True)
-def fresh_state(monkeypatch):
-    for var in ("ACCELERATE_TORCH_DEVICE", "ACCELERATE_USE_CPU", "LOCAL_RANK", "WORLD_SIZE",
-                "ACCELERATE_MIXED_PRECISION"):
-        monkeypatch.delenv(var, raising=False)
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
+pytestmark = pytest.mark.usefixtures("fresh_accelerate")
 
 
 def _cli(args, tmp_path, timeout=240, **env):

@@ -54,13 +54,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import TINY_LM_VOCAB, tiny_causal_lm
-from dist_util import run_ranks
+from conftest import REPO_ROOT, TINY_LM_VOCAB, tiny_causal_lm
+from dist_util import run_ranks, ship, unship
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 
 DEV = os.environ.get("AXON_DIST_TEST_DEVICE", "axon")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(REPO_ROOT)
 
 STEPS = 5
 CKPT_STEP = 3          # DCP checkpoint after this many steps
@@ -226,22 +226,6 @@ def rank_device() -> torch.device:
     if DEV == "cpu":
         return torch.device("cpu")
     return torch.device(DEV, getattr(torch, DEV).current_device())
-
-
-def pack(result) -> bytes:
-    """Rank results travel as torch.save bytes: tensors sent through the queue
-    directly would be shared-memory handles that die with the rank process."""
-    import io
-
-    buf = io.BytesIO()
-    torch.save(result, buf)
-    return buf.getvalue()
-
-
-def unpack(results: list[bytes]) -> list:
-    import io
-
-    return [torch.load(io.BytesIO(r), weights_only=False) for r in results]
 
 
 def init_dist(rank: int, world_size: int):
@@ -463,7 +447,7 @@ def _fsdp_ddp_dcp_ranks(rank, world_size, ckpt_dir):
     out["ddp"], _ = train(model, rank, world_size)
     out["ddp_params"] = full_params(model.module)
     out["seconds"] = time.perf_counter() - t0
-    return pack(out)
+    return ship(out)
 
 
 _RUNS: dict = {}
@@ -475,7 +459,7 @@ def spawned(key, fn, world_size, *args):
     if key not in _RUNS:
         t0 = time.perf_counter()
         try:
-            _RUNS[key] = (unpack(run_ranks(fn, world_size, *args)), time.perf_counter() - t0)
+            _RUNS[key] = (unship(run_ranks(fn, world_size, *args)), time.perf_counter() - t0)
         except BaseException as e:  # noqa: BLE001
             _RUNS[key] = e
     if isinstance(_RUNS[key], BaseException):
@@ -633,7 +617,7 @@ def _tp_ranks(rank, world_size):
     if DEV != "cpu":
         out["dropout"] = _dropout_checks(mesh, device)
     out["seconds"] = time.perf_counter() - t0
-    return pack(out)
+    return ship(out)
 
 
 @pytest.fixture(scope="module")
@@ -720,7 +704,7 @@ def _four_rank_ranks(rank, world_size):
                                                               cpu_offload=True))
     out["2d_params"] = sd if rank == 0 else None
     out["seconds"] = time.perf_counter() - t0
-    return pack(out)
+    return ship(out)
 
 
 @pytest.fixture(scope="module")

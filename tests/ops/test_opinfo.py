@@ -19,6 +19,8 @@ import pytest
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from op_util import SKIP_PREFIX, on_device, tensors, to_device
+
 pytest.importorskip("expecttest", reason="op_db needs expecttest (requirements.txt pins it)")
 
 # Ops whose results are random (axon has its own generator, as CUDA does) or
@@ -26,7 +28,6 @@ pytest.importorskip("expecttest", reason="op_db needs expecttest (requirements.t
 RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "cauchy", "exponential",
           "geometric", "uniform", "rrelu", "fractional_max_pool", "svd_lowrank", "pca_lowrank",
           "empty", "multi_head_attention_forward")
-SKIP_PREFIX = ("sparse", "_refs", "to_sparse")
 # Statistics in float32 for 16-bit inputs, as CUDA and the Meta kernel give them
 # (the CPU gives the input's dtype).
 STATS_DTYPE_AS_CUDA = {"native_layer_norm"}
@@ -40,44 +41,12 @@ def op_db():
             and not any(r in op.name for r in RANDOM)]
 
 
-def to_device(x, device):
-    """x's tensors on device, views re-made as the same views of their base
-    (views of another dtype, such as view_as_real's, are copied)."""
-    def move(t):
-        if not isinstance(t, torch.Tensor):
-            return t
-        if t._base is not None and t.layout == torch.strided and t._base.dtype == t.dtype:
-            base = t._base.detach().resolve_conj().resolve_neg().to(device)
-            moved = base.as_strided(t.size(), t.stride(), t.storage_offset())
-            if t.is_conj():  # a lazily conjugated (or negated) view stays one
-                moved = moved.conj()
-            if t.is_neg():
-                moved = moved._neg_view()
-        else:
-            moved = t.detach().to(device)
-        return moved.requires_grad_(t.requires_grad)
-    return tree_map(move, x)
-
-
-def on_device(x, device):
-    """Device arguments (factory functions, ``to``) naming the CPU name device."""
-    def swap(v):
-        if isinstance(v, torch.device) and v.type == "cpu":
-            return torch.device(device)
-        return device if isinstance(v, str) and v == "cpu" else v
-    return tree_map(swap, x)
-
-
 def sample_args(op, sample, device):
     args = on_device(to_device(sample.args, device), device)
     if op.name == "tensor_split":  # its index tensor must be on the CPU, on CUDA too
         args = sample.args
     return (to_device(sample.input, device), args,
             on_device(to_device(sample.kwargs, device), device))
-
-
-def tensors(x):
-    return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 
 def far_from_float64(op, sample, got, want):

@@ -34,12 +34,7 @@ NEW_TOKENS = 10
 PAD = 0
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def graphs() -> int:
@@ -185,15 +180,6 @@ def test_recipe_left_padded_chunked_prefill():
     assert seen[0] >= 1
     assert seen[1] == seen[0]
     assert seen[2] <= seen[1] + 1
-
-
-@pytest.fixture
-def fresh_accelerate(monkeypatch):
-    for var in ("ACCELERATE_TORCH_DEVICE", "ACCELERATE_USE_CPU", "ACCELERATE_DYNAMO_BACKEND"):
-        monkeypatch.delenv(var, raising=False)
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def counting_dataset(n: int = 16, seq: int = 16) -> list[dict]:

@@ -18,7 +18,6 @@ atol=1e-5 and are bit-identical across ranks.
 from __future__ import annotations
 
 import importlib.util
-import io
 import math
 import warnings
 
@@ -28,7 +27,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from dist_util import run_ranks  # noqa: E402
+from dist_util import run_ranks, ship, unship  # noqa: E402
 
 WORLD = 2
 VOCAB, PAD = 128, 0
@@ -36,18 +35,6 @@ LOGIT_TOL = dict(rtol=1e-4, atol=1e-4)
 TRAIN_TOL = dict(rtol=1e-5, atol=1e-5)
 PROMPTS = [[1, 5, 9, 14, 3, 77, 21, 4], [PAD, PAD, PAD, 1, 7, 7, 90, 33]]  # second row left-padded
 NEW_TOKENS = 10
-
-
-def ship(obj) -> bytes:
-    """A rank's result as bytes: tensors put on run_ranks' torch.multiprocessing queue
-    travel as shared-memory handles that die with the rank that exits right after."""
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def unship(results: list) -> list:
-    return [torch.load(io.BytesIO(b), weights_only=False) for b in results]
 
 
 def llama_config(**kw):
@@ -263,7 +250,7 @@ SEQ, N_SEQ, STEPS, PER_DEVICE = 16, 16, 4, 2
 
 
 def train_dataset() -> list[dict]:
-    """Counting sequences from random starts (as tests/test_trainer.py)."""
+    """Counting sequences from random starts (as tests/integrations/test_trainer.py)."""
     starts = torch.randint(0, VOCAB - 3, (N_SEQ, 1), generator=torch.Generator().manual_seed(1))
     ids = (starts + torch.arange(SEQ)) % (VOCAB - 3) + 3
     return [{"input_ids": row, "labels": row} for row in ids]

@@ -21,8 +21,10 @@ accelerate_state = pytest.importorskip("accelerate.state")
 training_args = pytest.importorskip("transformers.training_args")
 
 from accelerate import Accelerator  # noqa: E402
-from accelerate.state import AcceleratorState, PartialState  # noqa: E402
+from accelerate.state import PartialState  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
+
+from conftest import REPO_ROOT  # noqa: E402
 
 PATCHES = [hf_accelerate.partial_state_default_device, hf_transformers.training_args_setup_devices,
            hf_transformers.training_args_bf16_available, hf_transformers.trainer_rng_state_axon,
@@ -34,14 +36,7 @@ PATCHES = [hf_accelerate.partial_state_default_device, hf_transformers.training_
            torch_dlpack.tensor_dlpack_device]
 
 
-@pytest.fixture(autouse=True)
-def fresh_state(monkeypatch):
-    """No device settings in the environment, and no Accelerate state left over."""
-    for var in ("ACCELERATE_TORCH_DEVICE", "ACCELERATE_USE_CPU", "LOCAL_RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
+pytestmark = pytest.mark.usefixtures("fresh_accelerate")
 
 
 def _args(tmp_path, **kw) -> TrainingArguments:
@@ -269,7 +264,7 @@ def test_modules_imported_before_torch_axon_get_patched(tmp_path):
 
 def test_every_patch_is_listed_in_upstream_md():
     """docs/UPSTREAM.md names every patch registered with the import hooks (module.function)."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "UPSTREAM.md").read_text()
+    text = (Path(REPO_ROOT) / "docs" / "UPSTREAM.md").read_text()
     patches = [fn for fns in _hooks._patches.values() for fn in fns]
     assert len(patches) > 20
     missing = [f"{fn.__module__}.{fn.__name__}" for fn in patches

@@ -51,14 +51,7 @@ def _no_graph_caches(no_graph_caches):
     """Compiles in this module run the whole pipeline (conftest.no_graph_caches)."""
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    """Each test starts with empty Dynamo caches and counters (so recompile
-    limits and counts never carry over between tests)."""
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # conftest: empty Dynamo caches and counters
 
 
 # ---------------------------------------------------------------- helpers

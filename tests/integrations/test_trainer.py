@@ -15,7 +15,6 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from accelerate.state import AcceleratorState  # noqa: E402
 from transformers import (LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,  # noqa: E402
                           TrainingArguments, default_data_collator)
 
@@ -24,13 +23,7 @@ LOSS_TOL = dict(rtol=1e-5, atol=1e-6)
 WEIGHT_TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(autouse=True)
-def fresh_state(monkeypatch):
-    for var in ("ACCELERATE_TORCH_DEVICE", "ACCELERATE_USE_CPU"):
-        monkeypatch.delenv(var, raising=False)
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
+pytestmark = pytest.mark.usefixtures("fresh_accelerate")
 
 
 def tiny_config(**kw) -> LlamaConfig:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from conftest import run_python
+from conftest import TESTS_DIR, run_python
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -95,7 +95,7 @@ def test_comm_and_python_side_variables_use_the_same_parsers():
     """.replace("from conftest import free_port", "from dist_util import free_port"),
         env={"AXON_COMM_SLOT_BYTES": "abc", "AXON_COMM_P2P_BYTES": "-5",
              "AXON_TEST_HARNESS": "maybe", "AXON_FALLBACK_WARN": "perhaps",
-             "PYTHONPATH": os.path.dirname(__file__)})
+             "PYTHONPATH": TESTS_DIR})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["3.0"]
     lines = r.stderr.splitlines()

@@ -1,10 +1,10 @@
 """Errors a user can hit, each with its message: devices mixed in one op,
 invalid device indices, out of memory, asynchronous errors, unsupported
-dtypes/layouts; and the CPU fallback's statistics and warnings."""
+dtypes/layouts, several streams' errors, a forked child. (The CPU fallback's
+statistics and warnings: tests/ops/test_fallback.py.)"""
 
 import json
 import re
-import warnings
 
 import pytest
 import torch
@@ -277,76 +277,7 @@ def test_pin_memory_of_axon_tensor_is_rejected():
         torch.ones(2, device="axon").pin_memory()
 
 
-# ---------------------------------------------------------------- CPU fallback
-# (take and unique_consecutive: ops left in the fallback, see docs/ARCHITECTURE.md)
-
-def test_fallback_stats_count_ops():
-    x = torch.ones(4, device="axon")
-    idx = torch.tensor([0, 2], device="axon")
-    torch.axon.reset_fallback_stats()
-    assert torch.axon.fallback_stats() == {}
-    x.take(idx)
-    stats = torch.axon.fallback_stats()
-    assert list(stats.values()) == [1]
-    (name,) = stats
-    assert name.startswith("aten::take")
-    x.take(idx)
-    torch.take(x, idx)
-    x.unique_consecutive()
-    stats = torch.axon.fallback_stats()
-    assert stats[name] == 3
-    assert sum(v for k, v in stats.items() if k.startswith("aten::unique_consecutive")) == 1
-    assert torch_axon_exports_same_function()
-    torch.axon.reset_fallback_stats()
-    assert torch.axon.fallback_stats() == {}
-
-
-def torch_axon_exports_same_function():
-    import torch_axon
-    return torch_axon.fallback_stats() == torch.axon.fallback_stats()
-
-
-def test_structural_ops_do_not_fall_back():
-    torch.axon.reset_fallback_stats()
-    x = torch.arange(12.0)
-    a = x.to("axon")  # empty + copy
-    v = a.view(3, 4).t()[1:, ::2]  # views
-    b = v.contiguous()  # strided copy
-    c = b.to("axon:1").cpu()  # device-to-device, device-to-host
-    torch.empty(5, device="axon").resize_(10)
-    assert b.is_contiguous()
-    assert torch.axon.fallback_stats() == {}
-    torch.testing.assert_close(c, x.view(3, 4).t()[1:, ::2], rtol=0, atol=0)
-
-
-def test_no_fallback_warning_by_default():
-    x = torch.ones(4, device="axon")
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        x.tan()
-    assert not [m for m in w if "fallback" in str(m.message)]
-
-
-def test_fallback_warn_env_warns_once_per_op():
-    r = run_python("""
-        import warnings, torch
-        x = torch.ones(4, device="axon")
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            i = torch.tensor([0, 2], device="axon")
-            x.take(i); x.take(i); torch.take(x, i)
-            x.unique_consecutive(); x.unique_consecutive()
-        msgs = [str(m.message) for m in w if "fallback" in str(m.message)]
-        print(len(msgs))
-        for m in msgs: print(m.splitlines()[0])
-    """, env={"AXON_FALLBACK_WARN": "1"})
-    assert r.returncode == 0, r.stderr
-    lines = r.stdout.strip().splitlines()
-    assert lines[0] == "2", lines
-    assert any("aten::take" in m and "has no axon kernel" in m and "CPU" in m
-               for m in lines[1:])
-    assert any("aten::unique_consecutive" in m for m in lines[1:])
-
+# ---------------------------------------------------------------- more asynchronous errors
 
 def test_errors_of_several_streams_are_each_reported_once():
     s1, s2 = torch.axon.Stream(), torch.axon.Stream()

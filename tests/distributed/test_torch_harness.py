@@ -31,7 +31,7 @@ from torch.testing._internal.common_fsdp import (MLP, DEVICEInitMode, FSDPInitMo
 from torch.testing._internal.distributed._tensor.common_dtensor import (DTensorTestBase,
                                                                          with_comms)
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 from conftest import run_python, tol  # noqa: E402
 
 

@@ -34,7 +34,6 @@ the output's scale of ~0.3-1; observed 2e-3, one ulp).  The all-reduced outputs 
 
 from __future__ import annotations
 
-import io
 import types
 
 import pytest
@@ -43,21 +42,11 @@ import torch
 pytest.importorskip("diffusers")
 
 from conftest import tol  # noqa: E402
-from dist_util import run_ranks  # noqa: E402
+from dist_util import run_ranks, ship, unship  # noqa: E402
 
 WORLD = 2
 F32 = tol(torch.float32, accum=True)
 BF16 = tol(torch.bfloat16)
-
-
-def ship(obj) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def unship(results: list) -> list:
-    return [torch.load(io.BytesIO(b), weights_only=False) for b in results]
 
 
 # ---------------------------------------------------------------- tiny models, CPU-seeded inputs

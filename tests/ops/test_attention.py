@@ -1,0 +1,384 @@
+"""scaled_dot_product_attention on axon against the CPU: the fused kernel
+forward and backward (masks, causal, GQA, non-contiguous and strided inputs,
+KV caches, head sizes, empty inputs), the math path where it applies, the
+fused dropout (reproducible, keep fraction and scaling, backward with the
+same mask, under activation checkpointing), errors and strides as the Meta
+kernel gives them. FlexAttention: test_flex_attention.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import FLOAT_DTYPES, assert_same, make, tol
+from op_util import Z, compare_fwd_bwd, leaf
+
+
+FUSED_SDPA = "ScaledDotProductFusedAttentionOverrideableBackward0"
+
+
+# (B, Hq, Hkv, L, S, D, Dv) and SDPA keyword arguments per case
+
+SDPA_CASES = {
+    "plain": ((2, 2, 2, 5, 5, 8, 8), {}),
+    "causal": ((2, 2, 2, 5, 5, 8, 8), dict(is_causal=True)),
+    "q_shorter": ((2, 2, 2, 3, 7, 8, 8), {}),
+    "q_longer_causal": ((1, 2, 2, 6, 4, 8, 8), dict(is_causal=True)),
+    "q_shorter_causal": ((1, 2, 2, 5, 9, 8, 8), dict(is_causal=True)),
+    "bool_mask_2d": ((2, 2, 2, 4, 6, 8, 8), dict(attn_mask="bool2d")),
+    "bool_mask_4d": ((2, 2, 2, 4, 6, 8, 8), dict(attn_mask="bool4d")),
+    "bool_mask_full_row": ((1, 2, 2, 4, 6, 8, 8), dict(attn_mask="bool_full_row")),
+    "additive_mask_2d": ((2, 2, 2, 4, 6, 8, 8), dict(attn_mask="add2d")),
+    "additive_mask_b1ls": ((2, 3, 3, 4, 6, 8, 8), dict(attn_mask="add_b1ls")),
+    "gqa": ((2, 4, 2, 5, 7, 8, 8), dict(enable_gqa=True)),
+    "gqa_causal_mask": ((1, 4, 2, 5, 7, 8, 8), dict(enable_gqa=True, attn_mask="bool2d")),
+    "noncontig": ((2, 3, 3, 5, 6, 8, 8), dict(layout="blhd")),
+    "noncontig_gqa_causal": ((2, 4, 2, 5, 6, 8, 8), dict(layout="blhd", enable_gqa=True,
+                                                         is_causal=True)),
+    "head_dim_1": ((1, 2, 2, 4, 6, 1, 1), dict(is_causal=True)),
+    "head_dim_3": ((1, 2, 2, 4, 6, 3, 3), dict(is_causal=True)),
+    "head_dim_64": ((1, 2, 2, 9, 17, 64, 64), dict(is_causal=True)),
+    "dv_differs": ((1, 2, 2, 4, 6, 8, 5), {}),
+    "scale": ((1, 2, 2, 4, 6, 8, 8), dict(scale=0.3, is_causal=True)),
+    "long_kv": ((1, 1, 1, 3, 70, 16, 16), dict(attn_mask="add2d")),
+    "tiles": ((1, 2, 2, 40, 70, 32, 32), dict(is_causal=True)),
+    "decode_one_query": ((2, 4, 2, 1, 19, 16, 16), dict(enable_gqa=True)),
+    "large_logits": ((1, 2, 2, 33, 33, 64, 64), dict(range=4.0)),
+    "bool_mask_padding": ((3, 2, 2, 4, 6, 8, 8), dict(attn_mask="bool_b11s")),
+    # Decoding with a static KV cache: whole tiles of unused positions hidden
+    # (the kernel skips them), one batch row seeing only 3 keys, one a hole.
+    "static_cache_decode": ((3, 4, 2, 2, 260, 16, 16), dict(attn_mask="bool_static_cache",
+                                                          enable_gqa=True)),
+    "static_cache_decode_add": ((2, 4, 4, 1, 200, 16, 16), dict(attn_mask="add_static_cache")),
+    "float32_mask": ((2, 2, 2, 4, 6, 8, 8), dict(attn_mask="add_f32")),
+    "kv_cache_slice": ((2, 2, 2, 3, 5, 8, 8), dict(layout="kv_cache")),
+    "expanded_kv": ((2, 4, 4, 3, 5, 8, 8), dict(layout="expanded_kv")),
+    "strided_head_dim": ((1, 2, 2, 3, 5, 8, 8), dict(layout="strided_d")),
+    "zero_batch": ((0, 2, 2, 3, 5, 8, 8), {}),
+    "zero_kv_len": ((1, 2, 2, 3, 0, 8, 8), {}),
+}
+
+
+def sdpa_inputs(case, dtype):
+    """(fn, [q, k, v, (mask)]) for a SDPA_CASES case: CPU leaves; fn applies the
+    case's views (the same on both devices, so axon really gets those strides)."""
+    (B, Hq, Hkv, L, S, D, Dv), kw = SDPA_CASES[case]
+    kw = dict(kw)
+    layout = kw.pop("layout", "bhld")
+    r = kw.pop("range", 1.0)
+    if layout == "blhd":  # as a model makes them: [B, L, H, D] transposed to [B, H, L, D]
+        shapes = [(B, L, Hq, D), (B, S, Hkv, D), (B, S, Hkv, Dv)]
+        views = [lambda t: t.transpose(1, 2)] * 3
+    elif layout == "kv_cache":  # the first S positions of a longer cache
+        shapes = [(B, Hq, L, D), (B, Hkv, S + 4, D), (B, Hkv, S + 4, Dv)]
+        views = [lambda t: t, lambda t: t[:, :, :S], lambda t: t[:, :, :S]]
+    elif layout == "expanded_kv":  # stride 0 over the heads
+        shapes = [(B, Hq, L, D), (B, 1, S, D), (B, 1, S, Dv)]
+        views = [lambda t: t, lambda t: t.expand(B, Hkv, S, D), lambda t: t.expand(B, Hkv, S, Dv)]
+    elif layout == "strided_d":  # every other element of the head dimension
+        shapes = [(B, Hq, L, 2 * D), (B, Hkv, S, 2 * D), (B, Hkv, S, 2 * Dv)]
+        views = [lambda t: t[..., ::2]] * 3
+    else:
+        shapes = [(B, Hq, L, D), (B, Hkv, S, D), (B, Hkv, S, Dv)]
+        views = [lambda t: t] * 3
+    inputs = [make(shapes[0], dtype, -r, r, seed=1), make(shapes[1], dtype, -r, r, seed=2),
+              make(shapes[2], dtype, -1, 1, seed=3)]
+    mask_kind = kw.pop("attn_mask", None)
+    if mask_kind is not None:
+        g = torch.Generator().manual_seed(4)
+        if mask_kind.endswith("static_cache"):
+            seen = torch.zeros(B, 1, 1, S, dtype=torch.bool)
+            seen[0, ..., :70] = True
+            seen[0, ..., 140:150] = True
+            seen[1, ..., :3] = True
+            seen[2:, ..., :S // 2] = True
+            mask = seen if mask_kind.startswith("bool") else \
+                torch.zeros(B, 1, 1, S, dtype=dtype).masked_fill(~seen, float("-inf"))
+        elif mask_kind.startswith("bool"):
+            shape = {"bool4d": (B, Hq, L, S), "bool_b11s": (B, 1, 1, S)}.get(mask_kind, (L, S))
+            mask = torch.rand(shape, generator=g) < 0.6
+            mask[..., 0] = True  # every row attends somewhere ...
+            if mask_kind == "bool_full_row":
+                mask[1] = False  # ... except this one (a zero output row, as on the CPU)
+        else:
+            shape = (L, S) if mask_kind == "add2d" else (B, 1, L, S)
+            mask_dtype = torch.float32 if mask_kind == "add_f32" else dtype
+            mask = (torch.rand(shape, generator=g) * 4 - 2).to(mask_dtype)
+        inputs.append(mask)
+
+    def fn(q, k, v, mask=None):
+        q, k, v = (view(t) for view, t in zip(views, (q, k, v)))
+        if layout != "bhld" and q.numel() > 0:
+            assert not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+    return fn, inputs
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", list(SDPA_CASES))
+def test_sdpa_forward_backward_matches_cpu(case, dtype, no_fallback):
+    fn, inputs = sdpa_inputs(case, dtype)
+    name = compare_fwd_bwd(fn, inputs, dtype, n_grad=3)  # no gradient for the mask
+    if not case.startswith("zero"):  # empty inputs with gradients take the math path
+        assert name == FUSED_SDPA
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("grad_layout", ["permuted", "expanded"])
+@pytest.mark.parametrize("case", ["causal", "gqa", "noncontig"])
+def test_sdpa_backward_of_non_contiguous_upstream_gradient(case, grad_layout, dtype, no_fallback):
+    fn, inputs = sdpa_inputs(case, dtype)
+    assert compare_fwd_bwd(fn, inputs, dtype, grad_layout=grad_layout) == FUSED_SDPA
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("variant", ["projection", "self_attention_one_tensor", "only_q_grad",
+                                     "sum_loss"])
+def test_sdpa_in_an_attention_block(variant, dtype, no_fallback):
+    """The output consumed through transpose + reshape + matmul (a non-contiguous
+    upstream gradient), q = k = v one tensor, gradients for q only."""
+    B, H, L, D = 2, 3, 5, 8
+    x = make((B, H, L, D), dtype, -1, 1, seed=1)
+    kv = make((2, B, H, L, D), dtype, -1, 1, seed=2)
+    w = make((H * D, 4), dtype, -1, 1, seed=3)
+
+    def run(device):
+        xa = leaf(x, device)
+        kva = leaf(kv, device, grad=variant != "only_q_grad")
+        if variant == "self_attention_one_tensor":
+            out = F.scaled_dot_product_attention(xa, xa, xa, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(xa, kva[0], kva[1], is_causal=True)
+        if variant == "sum_loss":
+            loss = out.sum()
+        else:
+            loss = (out.transpose(1, 2).reshape(B, L, H * D) @ w.to(device)).pow(2).sum()
+        loss.backward()
+        results = [out.detach(), xa.grad]
+        if variant in ("projection", "sum_loss"):
+            results.append(kva.grad)
+        return results, out.grad_fn.name()
+
+    expected, _ = run("cpu")
+    actual, name = run("axon")
+    assert name == FUSED_SDPA
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert_same(a, e, accum=True)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_sdpa_additive_mask_requiring_grad_matches_cpu(dtype, no_fallback):
+    """A mask that needs a gradient takes PyTorch's math path on axon."""
+    fn, inputs = sdpa_inputs("additive_mask_b1ls", dtype)
+    name = compare_fwd_bwd(fn, inputs, dtype)
+    assert name != FUSED_SDPA
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", ["plain", "causal", "bool_mask_4d", "noncontig", "zero_batch"])
+def test_sdpa_forward_without_grad_matches_cpu(case, dtype, no_fallback):
+    fn, inputs = sdpa_inputs(case, dtype)
+    expected = fn(*inputs)
+    with torch.no_grad():
+        actual = fn(*[t.axon() for t in inputs])
+    assert_same(actual, expected, accum=True)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_sdpa_uses_the_fused_kernel(dtype, no_fallback):
+    q, k, v = (make((2, 3, 6, 16), dtype, -1, 1, seed=s).axon() for s in (1, 2, 3))
+    fused = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
+        q, k, v, None, 0.0, True)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # the same kernel: bitwise equal (the math path would round differently)
+    torch.testing.assert_close(out.cpu(), fused[0].cpu(), rtol=0, atol=0)
+    assert fused[1].shape == (2, 3, 6) and fused[1].dtype == torch.float32  # logsumexp
+    expected = F.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu(), is_causal=True)
+    assert_same(out, expected, accum=True)
+    out_g = F.scaled_dot_product_attention(*(t.requires_grad_() for t in (q, k, v)),
+                                           is_causal=True)
+    assert out_g.grad_fn.name() == FUSED_SDPA
+
+
+def test_sdpa_mismatched_shapes_raise_like_cpu():
+    cases = [((1, 2, 3, 4), (1, 2, 3, 5), (1, 2, 3, 4), {}),
+             ((1, 4, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4), {}),  # GQA heads without enable_gqa
+             ((1, 3, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4), dict(enable_gqa=True))]
+    for qs, ks, vs, kw in cases:
+        args = [torch.ones(s) for s in (qs, ks, vs)]
+        with pytest.raises(RuntimeError) as cpu_err:
+            F.scaled_dot_product_attention(*args, **kw)
+        with pytest.raises(RuntimeError) as ax_err:
+            F.scaled_dot_product_attention(*(a.axon() for a in args), **kw)
+        assert str(ax_err.value).splitlines()[0] == str(cpu_err.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "bhld_from_blhd", "fused_qkv_slices"])
+def test_sdpa_output_and_grad_strides_match_the_meta_kernel(layout):
+    """Fake-tensor tracing (torch.compile) checks real strides against the Meta
+    kernel's: output like the query (empty_like: dense in the query's dimension
+    order when the query is not dense), gradients like their inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def make_qkv():
+        t = make((2, 5, 4, 8), torch.float32, seed=6)
+        return t.transpose(1, 2) if layout == "bhld_from_blhd" else t.reshape(2, 4, 5, 8)
+
+    if layout == "fused_qkv_slices":  # q, k, v: slices of one [B, L, 3 * H * D] projection
+        qkv = make((2, 5, 96), torch.float32, seed=6).axon()
+        q, k, v = (t.view(2, 5, 4, 8).transpose(1, 2) for t in qkv.split(32, -1))
+        assert not q.is_contiguous() and q.stride()[1] == 8  # heads interleaved with k, v
+    else:
+        q, k, v = (make_qkv().axon() for _ in range(3))
+    op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable
+    real = op(q, k, v, None, 0.0, True)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = op(*(mode.from_tensor(t) for t in (q, k, v)), None, 0.0, True)
+    assert real[0].stride() == fake[0].stride()
+    # Gradients as the backward op returns them (autograd.grad: no AccumulateGrad
+    # relayout), against the same under fake tensors.
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    grads = torch.autograd.grad(op(*leaves, None, 0.0, True)[0].sum(), leaves)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_leaves = [mode.from_tensor(t).detach().requires_grad_() for t in (q, k, v)]
+        fake_grads = torch.autograd.grad(op(*fake_leaves, None, 0.0, True)[0].sum(), fake_leaves)
+    for g, f, t in zip(grads, fake_grads, (q, k, v)):
+        assert g.stride() == f.stride() == torch.empty_like(t).stride()
+
+
+# ---------------------------------------------------------------- attention dropout
+
+P_DROP = 0.5
+
+
+def dropout_sdpa(q, k, v, seed, **kw):
+    torch.manual_seed(seed)
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=P_DROP, **kw)
+
+
+def keep_mask(q, k, seed, **kw):
+    """The keep mask [B, H, L, S] the kernel draws for seed: attention to
+    one-hot values v[s] = e_s gives P[l, s] * keep[l, s] / (1 - p)."""
+    B, H, _, _ = q.shape
+    S = k.shape[2]
+    eye = torch.eye(S, dtype=q.dtype).expand(B, k.shape[1], S, S).to(q.device)
+    with torch.no_grad():
+        p = dropout_sdpa(q, k, eye, seed, **kw).cpu()
+    return p != 0, p
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_sdpa_dropout_is_reproducible(dtype, no_fallback):
+    q, k, v = (make((2, 2, 8, 16), dtype, -1, 1, seed=s).axon() for s in (1, 2, 3))
+    a = dropout_sdpa(q, k, v, 10).cpu()
+    b = dropout_sdpa(q, k, v, 10).cpu()
+    c = dropout_sdpa(q, k, v, 11).cpu()
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not torch.equal(a, c)
+    # successive calls draw different masks
+    torch.manual_seed(10)
+    F.scaled_dot_product_attention(q, k, v, dropout_p=P_DROP)
+    assert not torch.equal(F.scaled_dot_product_attention(q, k, v, dropout_p=P_DROP).cpu(), a)
+    # dropout_p=0 is deterministic and equals the CPU
+    assert_same(F.scaled_dot_product_attention(q, k, v, dropout_p=0.0),
+                F.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu()), accum=True)
+
+
+def test_sdpa_dropout_keep_fraction_and_scaling(no_fallback):
+    B, H, L, S, D = 2, 4, 16, 32, 8
+    q = make((B, H, L, D), torch.float32, -1, 1, seed=1)
+    k = make((B, H, S, D), torch.float32, -1, 1, seed=2)
+    keep, p = keep_mask(q.axon(), k.axon(), seed=5)
+    n = keep.numel()
+    frac = keep.double().mean().item()
+    assert abs(frac - (1 - P_DROP)) < Z * math.sqrt(P_DROP * (1 - P_DROP) / n), frac
+    # kept probabilities are the softmax scaled by 1 / (1 - p)
+    probs = torch.softmax(q.double() @ k.double().transpose(-1, -2) / math.sqrt(D), -1)
+    torch.testing.assert_close(p.double(), probs * keep / (1 - P_DROP), rtol=1e-5, atol=1e-6)
+    # every (batch, head) draws its own mask
+    flat = keep.reshape(B * H, L * S)
+    assert len({tuple(r.tolist()) for r in flat}) == B * H
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kind", ["plain", "causal_gqa"])
+def test_sdpa_dropout_backward_matches_math_with_the_same_mask(dtype, kind, no_fallback):
+    """Forward and backward of dropout attention equal the math on the CPU (in
+    float64) with the keep mask the kernel drew for the same seed."""
+    B, Hq, Hkv, L, S, D = 2, 4, (2 if kind == "causal_gqa" else 4), 6, 10, 8
+    kw = dict(is_causal=True, enable_gqa=True) if kind == "causal_gqa" else {}
+    q = make((B, Hq, L, D), dtype, -1, 1, seed=1)
+    k = make((B, Hkv, S, D), dtype, -1, 1, seed=2)
+    v = make((B, Hkv, S, D), dtype, -1, 1, seed=3)
+    keep, _ = keep_mask(q.axon(), k.axon(), seed=7, **kw)
+
+    qa, ka, va = (leaf(t, "axon") for t in (q, k, v))
+    out = dropout_sdpa(qa, ka, va, 7, **kw)
+    assert out.grad_fn.name() == FUSED_SDPA
+    g = make(out.shape, dtype, -1, 1, seed=4)
+    out.backward(g.axon())
+
+    qc, kc, vc = (leaf(t.double(), "cpu") for t in (q, k, v))
+    rep = Hq // Hkv
+    kr, vr = kc.repeat_interleave(rep, 1), vc.repeat_interleave(rep, 1)
+    scores = qc @ kr.transpose(-1, -2) / math.sqrt(D)
+    if kw.get("is_causal"):
+        scores = scores.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), -math.inf)
+    expected = (torch.softmax(scores, -1) * keep / (1 - P_DROP)) @ vr
+    expected.backward(g.double())
+    t = tol(dtype, accum=True)
+    torch.testing.assert_close(out.detach().cpu().double(), expected.detach(), **t)
+    for a, c in ((qa, qc), (ka, kc), (va, vc)):
+        assert a.grad.dtype == dtype
+        torch.testing.assert_close(a.grad.cpu().double(), c.grad, **t)
+
+
+def test_sdpa_dropout_finite_differences(no_fallback):
+    """Directional finite differences (float64 sums of a float32 kernel) agree
+    with the backward; the mask is reproduced by reseeding before each call."""
+    q, k, v = (make((1, 1, 3, 4), torch.float32, -1, 1, seed=s) for s in (1, 2, 3))
+    w = make((1, 1, 3, 4), torch.float32, -1, 1, seed=4).axon()
+
+    def loss(q, k, v):
+        return (dropout_sdpa(q, k, v, 3) * w).sum()
+
+    qa, ka, va = (leaf(t, "axon") for t in (q, k, v))
+    loss(qa, ka, va).backward()
+    eps = 1e-2
+    for i, (t, grad) in enumerate(((q, qa.grad), (k, ka.grad), (v, va.grad))):
+        d = make(t.shape, torch.float32, -1, 1, seed=10 + i)
+        args_p = [x.axon() for x in (q, k, v)]
+        args_m = [x.axon() for x in (q, k, v)]
+        args_p[i] = (t + eps * d).axon()
+        args_m[i] = (t - eps * d).axon()
+        with torch.no_grad():
+            fd = (loss(*args_p).item() - loss(*args_m).item()) / (2 * eps)
+        analytic = (grad.cpu() * d).sum().item()
+        assert fd == pytest.approx(analytic, rel=2e-2, abs=2e-3), (i, fd, analytic)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_checkpoint_recomputes_the_same_attention_dropout(use_reentrant):
+    """Extends test_random.py's checkpoint test to the fused attention kernel's
+    dropout, which draws from the axon generator inside the kernel."""
+    from torch.utils.checkpoint import checkpoint
+
+    q0, k0, v0 = (make((2, 2, 6, 8), torch.float32, -1, 1, seed=s) for s in (1, 2, 3))
+
+    def f(q, k, v):
+        return (F.scaled_dot_product_attention(q, k, v, dropout_p=0.5) ** 2).sum()
+
+    results = []
+    for ckpt in (False, True):
+        q, k, v = (leaf(t, "axon") for t in (q0, k0, v0))
+        torch.manual_seed(8)
+        y = checkpoint(f, q, k, v, use_reentrant=use_reentrant) if ckpt else f(q, k, v)
+        y.backward()
+        results.append([y.detach().cpu()] + [t.grad.cpu() for t in (q, k, v)])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

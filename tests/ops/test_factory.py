@@ -1,0 +1,70 @@
+"""Factory functions on axon against the CPU: zeros/ones/full/arange/linspace/
+eye/tensor and the *_like and new_* forms, on the current device or another
+one, keeping dtype, device and layout; the efficient zero tensor.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import FLOAT_DTYPES, assert_same
+from op_util import compare
+
+
+FACTORIES = {
+    "zeros": lambda d, dt: torch.zeros(3, 4, device=d, dtype=dt),
+    "ones": lambda d, dt: torch.ones(2, 0, 3, device=d, dtype=dt),
+    "full": lambda d, dt: torch.full((2, 3), 1.5, device=d, dtype=dt),
+    "arange": lambda d, dt: torch.arange(0, 11, 3, device=d, dtype=dt),
+    "arange_float_step": lambda d, dt: torch.arange(-1, 1, 0.25, device=d, dtype=dt),
+    "linspace": lambda d, dt: torch.linspace(-2, 2, 9, device=d, dtype=dt),
+    "logspace": lambda d, dt: torch.logspace(-1, 1, 5, device=d, dtype=dt),
+    "eye": lambda d, dt: torch.eye(3, 5, device=d, dtype=dt),
+    "tensor": lambda d, dt: torch.tensor([[1.5, -2], [0.25, 8]], device=d, dtype=dt),
+    "zeros_like": lambda d, dt: torch.zeros_like(torch.empty(2, 3, device=d, dtype=dt)),
+    "full_like": lambda d, dt: torch.full_like(torch.empty(2, 3, device=d, dtype=dt), 7),
+    "empty_then_fill": lambda d, dt: torch.empty(5, device=d, dtype=dt).fill_(-3),
+    "tril_indices": lambda d, dt: torch.tril_indices(3, 4, device=d),
+    "scalar_tensor": lambda d, dt: torch.scalar_tensor(2.5, device=d, dtype=dt),
+    "complex_polar": lambda d, dt: torch.polar(torch.ones(2, device=d), torch.zeros(2, device=d)),
+}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + (torch.int64,))
+@pytest.mark.parametrize("op", list(FACTORIES))
+def test_factories(op, dtype):
+    expected = compare(lambda d: FACTORIES[op](d, dtype), ["cpu"], ["axon"])
+    if expected is None:
+        return  # both raised alike (e.g. an integer arange with a fractional step)
+    assert FACTORIES[op]("axon", dtype).device == torch.device("axon:0")
+    with torch.axon.device(2):
+        on2 = FACTORIES[op]("axon", dtype)
+    assert on2.device == torch.device("axon:2")
+    assert_same(on2, expected)
+
+
+def test_tensor_new_methods_keep_device_and_dtype():
+    a = torch.empty(2, dtype=torch.bfloat16, device="axon:1")
+    c = torch.empty(2, dtype=torch.bfloat16)
+    for name, fn in [("new_zeros", lambda t: t.new_zeros(2, 3)), ("new_ones", lambda t: t.new_ones(4)),
+                     ("new_full", lambda t: t.new_full((2,), 3.5)),
+                     ("new_tensor", lambda t: t.new_tensor([1.0, 2.5])),
+                     ("new_empty_fill", lambda t: t.new_empty(3).fill_(1.25))]:
+        r = fn(a)
+        assert r.device == torch.device("axon:1") and r.dtype == torch.bfloat16, name
+        assert_same(r, fn(c))
+
+
+def test_factories_like_preserve_device_and_layout():
+    a = torch.empty(3, 4, device="axon:1").t()
+    for fn in (torch.zeros_like, torch.ones_like, torch.empty_like, torch.rand_like):
+        r = fn(a)
+        assert r.device == torch.device("axon:1") and r.shape == (4, 3)
+        assert r.stride() == a.stride()  # preserve_format keeps the transposed layout
+
+
+def test_efficient_zero_tensor():
+    z = torch._efficientzerotensor(3, device="axon")
+    assert_same(z + 1, torch._efficientzerotensor(3) + 1)
+    assert_same(z.clone(), torch.zeros(3))
