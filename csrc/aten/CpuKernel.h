@@ -1,8 +1,9 @@
 // Running an ATen CPU kernel as stream work, from unboxed arguments.
 //
 // launchCpuKernel(device, name, fn, args...) captures the arguments by value
-// (device tensors by reference count, CPU tensors as snapshots, array refs as
-// vectors), and on the stream worker calls fn with host views of the device
+// (device tensors by their data pointer and geometry, holding no reference to
+// their memory; CPU tensors as snapshots; array refs as vectors; see capture()
+// below), and on the stream worker calls fn with host views of the device
 // tensors.  fn is usually an at::cpu:: function, which runs the CPU kernel
 // without going through the dispatcher again.
 #pragma once
@@ -23,6 +24,7 @@
 
 #include "HostView.h"
 #include "Launch.h"
+#include "OpDevice.h"
 
 namespace at::axon::cpu_kernel {
 
@@ -301,19 +303,5 @@ void launchCpuKernel(c10::DeviceIndex device, const char* name, Fn fn, const Arg
     cpu_kernel::call_on_host(fn, captured, std::index_sequence_for<Args...>{});
   });
 }
-
-// Raises PyTorch's error unless every tensor is on axon:`device` (CPU 0-dim
-// tensors excepted, as everywhere in PyTorch).
-void checkSameDevice(const char* op, c10::DeviceIndex device, const at::Tensor& t);
-inline void checkSameDevice(const char* op, c10::DeviceIndex device,
-                            const std::optional<at::Tensor>& t) {
-  if (t.has_value()) checkSameDevice(op, device, *t);
-}
-inline void checkSameDevice(const char* op, c10::DeviceIndex device,
-                            const at::ITensorListRef& list) {
-  for (const at::Tensor& t : list) checkSameDevice(op, device, t);
-}
-template <typename T>
-void checkSameDevice(const char*, c10::DeviceIndex, const T&) {}
 
 }  // namespace at::axon

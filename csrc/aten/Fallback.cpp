@@ -15,6 +15,7 @@
 #include "../core/AxonGenerator.h"
 #include "../core/AxonRuntime.h"
 #include "HostView.h"
+#include "OpDevice.h"
 
 namespace at::axon {
 namespace {
@@ -61,16 +62,6 @@ void count(const c10::FunctionSchema& schema) {
     TORCH_WARN("axon: ", op_name(schema),
                " has no axon kernel; it runs on the CPU (fallback)");
   }
-}
-
-// ------------------------------------------------------------ the fallback
-
-// Ops whose CUDA kernels accept CPU index tensors beside device tensors.
-bool accepts_cpu_indices(const c10::FunctionSchema& schema) {
-  const std::string& n = schema.operator_name().name;
-  return n == "aten::index" || n == "aten::index_put_" ||
-         n == "aten::_index_put_impl_" || n == "aten::index_put" ||
-         n == "aten::_unsafe_index" || n == "aten::_unsafe_index_put";
 }
 
 // ------------------------------------------------------------ quantized
@@ -129,72 +120,7 @@ void check_no_quantized_result(const c10::FunctionSchema& schema, const c10::IVa
   }
 }
 
-}  // namespace
-
-// ------------------------------------------------------------ device scan
-
-OpDevice::OpDevice(const c10::FunctionSchema& schema)
-    : schema_(schema), cpu_indices_ok_(accepts_cpu_indices(schema)) {}
-
-c10::DeviceIndex OpDevice::scan(const torch::jit::Stack& stack) {
-  const size_t num_args = schema_.arguments().size();
-  const size_t begin = stack.size() - num_args;
-  for (size_t i = 0; i < num_args; ++i) {
-    const c10::AliasInfo* alias = schema_.arguments()[i].alias_info();
-    find_device(stack[begin + i], alias != nullptr && alias->isWrite());
-  }
-  TORCH_CHECK(device_ >= 0, "axon: ", op_name(schema_),
-              " received no axon tensor or device");
-  return device_;
-}
-
-void OpDevice::note_device(const at::Tensor& t, bool index_arg, bool written) {
-  if (!t.defined()) return;
-  if (t.device().type() == kAxon) {
-    if (device_ < 0) {
-      device_ = t.device().index();
-    } else if (t.device().index() != device_) {
-      mixed_devices(c10::Device(kAxon, device_), t.device());
-    }
-    return;
-  }
-  // CPU scalars (0-dim) mix with device tensors in PyTorch, as do CPU
-  // index tensors for indexing ops, but only as inputs: a tensor the op
-  // writes (out=, in-place self) must be on the op's device, 0-dim or not,
-  // or the CPU kernel would write CPU memory (as on CUDA, where
-  // TensorIterator exempts CPU scalars among the inputs only).
-  if (t.is_cpu() && !written && (t.dim() == 0 || index_arg)) return;
-  foreign_ = t.device();
-}
-
-void OpDevice::mixed_devices(c10::Device a, c10::Device b) {
-  TORCH_CHECK(false,
-              "Expected all tensors to be on the same device, but found at "
-              "least two devices, ", a, " and ", b, "! (when checking "
-              "arguments for ", op_name(schema_), ")");
-}
-
-void OpDevice::find_device(const c10::IValue& v, bool written) {
-  if (v.isTensor()) {
-    note_device(v.toTensor(), false, written);
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList().vec()) {
-      note_device(t, cpu_indices_ok_, written);
-    }
-  } else if (v.isList()) {
-    for (const c10::IValue& e : v.toListRef()) {
-      if (e.isTensor()) note_device(e.toTensor(), cpu_indices_ok_, written);
-    }
-  } else if (v.isDevice() && v.toDevice().type() == kAxon && device_ < 0) {
-    device_ = resolve_index(v.toDevice());
-    check_device(device_);
-  }
-  if (foreign_.has_value() && device_ >= 0) {
-    mixed_devices(c10::Device(kAxon, device_), *foreign_);
-  }
-}
-
-namespace {
+// ------------------------------------------------------------ the fallback
 
 class Fallback {
  public:
@@ -204,7 +130,7 @@ class Fallback {
   void run(const c10::OperatorHandle& op) {
     const size_t num_args = schema_.arguments().size();
     const size_t begin = stack_->size() - num_args;
-    device_ = OpDevice(schema_).scan(*stack_);
+    device_ = opDevice(schema_, *stack_);
     check_no_quantized_dtype(schema_, *stack_);
     c10::DeviceGuard guard(c10::Device(kAxon, device_));
     syncCurrentStream(device_);

@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <string>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -22,25 +21,5 @@ void resetFallbackStats();
 
 // "aten::add.Tensor"
 std::string op_name(const c10::FunctionSchema& schema);
-
-// The axon device an op's arguments (the top of the stack) live on.  Raises
-// PyTorch's mixed-device error for tensors on other devices, except CPU
-// scalars (0-dim) and, for indexing ops, CPU index tensors, among the inputs:
-// arguments the op writes (out=, in-place) must be on the op's device.
-class OpDevice {
- public:
-  explicit OpDevice(const c10::FunctionSchema& schema);
-  c10::DeviceIndex scan(const torch::jit::Stack& stack);
-
- private:
-  void note_device(const at::Tensor& t, bool index_arg, bool written);
-  void find_device(const c10::IValue& v, bool written);
-  [[noreturn]] void mixed_devices(c10::Device a, c10::Device b);
-
-  const c10::FunctionSchema& schema_;
-  const bool cpu_indices_ok_;
-  c10::DeviceIndex device_ = -1;
-  std::optional<c10::Device> foreign_;
-};
 
 }  // namespace at::axon

@@ -5,6 +5,7 @@
 // either one of ours (kernels/) or an ATen CPU kernel.
 //
 // launch() and the lifetime of what kernels capture: core/StreamWork.h.
+// Defined in Launch.cpp; the device of an op's arguments: OpDevice.h.
 #pragma once
 
 #include <functional>
@@ -106,10 +107,6 @@ at::Tensor emptyDevice(c10::IntArrayRef sizes, c10::ScalarType dtype,
 // Laid out like t when t is dense (channels_last stays channels_last), else
 // dense in t's dimension order: empty_like's preserve_format.
 at::Tensor emptyDeviceLike(const at::Tensor& t, c10::ScalarType dtype);
-
-// The axon device of an op's main tensor; PyTorch's same-device error if it
-// is on another device.
-c10::DeviceIndex axonDevice(const char* op, const at::Tensor& t);
 
 // A CPU argument an asynchronous kernel reads later: copied now, as CUDA
 // copies host arguments at launch, so the caller may change it meanwhile.

@@ -21,15 +21,12 @@
 #include <set>
 
 #include <ATen/core/ivalue.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/csrc/utils/pybind.h>
 
 #include "../aten/HostView.h"
 #include "../core/AxonRuntime.h"
 
 namespace at::axon {
-namespace {
 
 // The host views of one call's axon tensors, and the way back.
 class HostViews {
@@ -127,6 +124,8 @@ class InFlight {
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, std::shared_ptr<HostViews>>> entries_;
 };
 
+namespace {
+
 // gloo's Work, reporting the axon tensors instead of their host views.
 class WorkGlooAxon : public c10d::Work {
  public:
@@ -178,229 +177,213 @@ class WorkGlooAxon : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-class ProcessGroupGlooAxon : public c10d::Backend {
- public:
-  explicit ProcessGroupGlooAxon(c10::intrusive_ptr<c10d::Backend> gloo)
-      : c10d::Backend(gloo->getRank(), gloo->getSize()), gloo_(std::move(gloo)) {}
-
-  const std::string getBackendName() const override { return "gloo"; }
-  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override {
-    return gloo_->getBackendOptions();
-  }
-  bool supportsCoalescing() const override { return gloo_->supportsCoalescing(); }
-  void setTimeout(std::chrono::milliseconds timeout) override { gloo_->setTimeout(timeout); }
-  void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
-  uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
-  void startCoalescing() override { gloo_->startCoalescing(); }
-  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
-    prune();
-    return track(gloo_->endCoalescing(), std::make_shared<HostViews>());
-  }
-
-  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
-                                           const c10d::BroadcastOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto t = v->view(tensors);
-    return run(v, [&] { return gloo_->broadcast(t, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                           const c10d::AllreduceOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto t = v->view(tensors);
-    return run(v, [&] { return gloo_->allreduce(t, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
-      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto t = v->view(tensors);
-    return run(v, [&] { return gloo_->allreduce_coalesced(t, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
-                                        const c10d::ReduceOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto t = v->view(tensors);
-    return run(v, [&] { return gloo_->reduce(t, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                           std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto o = v->view(outputs);
-    auto i = v->view(inputs);
-    return run(v, [&] { return gloo_->allgather(o, i, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto o = v->view(output);
-    auto i = v->view(input);
-    return run(v, [&] { return gloo_->_allgather_base(o, i, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
-      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto o = v->view(outputs);
-    auto i = v->view(inputs);
-    return run(v, [&] { return gloo_->allgather_coalesced(o, i, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto o = v->view(outputs);
-    auto i = v->view(inputs);
-    return run(v, [&] { return gloo_->allgather_into_tensor_coalesced(o, i, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs,
-                                        const c10d::GatherOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto o = v->view(outputs);
-    auto i = v->view(inputs);
-    return run(v, [&] { return gloo_->gather(o, i, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
-                                         const c10d::ScatterOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto o = v->view(outputs);
-    auto i = v->view(inputs);
-    return run(v, [&] { return gloo_->scatter(o, i, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                std::vector<std::vector<at::Tensor>>& inputs,
-                                                const c10d::ReduceScatterOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto o = v->view(outputs);
-    auto i = v->view(inputs);
-    return run(v, [&] { return gloo_->reduce_scatter(o, i, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto o = v->view(output);
-    auto i = v->view(input);
-    return run(v, [&] { return gloo_->_reduce_scatter_base(o, i, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::ReduceScatterOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto o = v->view(outputs);
-    auto i = v->view(inputs);
-    return run(v, [&] { return gloo_->reduce_scatter_tensor_coalesced(o, i, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_split_sizes,
-                                               std::vector<int64_t>& input_split_sizes,
-                                               const c10d::AllToAllOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto o = v->view(output);
-    auto i = v->view(input);
-    return run(v, [&] {
-      return gloo_->alltoall_base(o, i, output_split_sizes, input_split_sizes, opts);
-    });
-  }
-
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
-                                          std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions& opts) override {
-    auto v = std::make_shared<HostViews>();
-    auto o = v->view(outputs);
-    auto i = v->view(inputs);
-    return run(v, [&] { return gloo_->alltoall(o, i, opts); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
-                                      int tag) override {
-    auto v = std::make_shared<HostViews>();
-    auto t = v->view(tensors);
-    return run(v, [&] { return gloo_->send(t, dst, tag); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
-                                      int tag) override {
-    auto v = std::make_shared<HostViews>();
-    auto t = v->view(tensors);
-    return run(v, [&] { return gloo_->recv(t, src, tag); });
-  }
-
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
-                                               int tag) override {
-    auto v = std::make_shared<HostViews>();
-    auto t = v->view(tensors);
-    return run(v, [&] { return gloo_->recvAnysource(t, tag); });
-  }
-
-  // gloo's barrier involves no tensor; the device only chose this backend.
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
-    prune();
-    return track(gloo_->barrier(opts), std::make_shared<HostViews>());
-  }
-
-  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
-    gloo_->monitoredBarrier(opts, wait_all_ranks);
-  }
-
-  void abort() override {
-    gloo_->abort();
-    in_flight_->clear();
-  }
-  void shutdown() override {
-    gloo_->shutdown();
-    in_flight_->clear();
-  }
-
-  c10::intrusive_ptr<c10d::Backend> gloo() const { return gloo_; }
-
- private:
-  template <typename F>
-  c10::intrusive_ptr<c10d::Work> run(const std::shared_ptr<HostViews>& views, F&& call) {
-    prune();
-    views->sync();
-    return track(call(), views);
-  }
-
-  void prune() { in_flight_->prune(); }
-
-  c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> inner,
-                                       std::shared_ptr<HostViews> views) {
-    if (!inner) return inner;
-    if (!inner->isCompleted()) in_flight_->add(inner, views);
-    return c10::make_intrusive<WorkGlooAxon>(std::move(inner), std::move(views), in_flight_);
-  }
-
-  c10::intrusive_ptr<c10d::Backend> gloo_;
-  std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
-};
-
 }  // namespace
 
-void initGlooAxonBindings(pybind11::module_& d) {
-  namespace py = pybind11;
-  py::class_<ProcessGroupGlooAxon, c10d::Backend, c10::intrusive_ptr<ProcessGroupGlooAxon>>(
-      d, "ProcessGroupGlooAxon",
-      "The backend of a gloo group for device type axon: gloo on host views of axon tensors.")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& gloo) {
-             TORCH_CHECK(gloo, "ProcessGroupGlooAxon needs a gloo backend");
-             return c10::make_intrusive<ProcessGroupGlooAxon>(gloo);
-           }),
-           py::arg("gloo"))
-      .def_property_readonly("wrapped", &ProcessGroupGlooAxon::gloo);
+ProcessGroupGlooAxon::ProcessGroupGlooAxon(c10::intrusive_ptr<c10d::Backend> gloo)
+    : c10d::Backend(gloo->getRank(), gloo->getSize()),
+      gloo_(std::move(gloo)),
+      in_flight_(std::make_shared<InFlight>()) {}
+
+template <typename F>
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::run(const std::shared_ptr<HostViews>& views,
+                                                         F&& call) {
+  prune();
+  views->sync();
+  return track(call(), views);
+}
+
+void ProcessGroupGlooAxon::prune() { in_flight_->prune(); }
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::track(c10::intrusive_ptr<c10d::Work> inner,
+                                                           std::shared_ptr<HostViews> views) {
+  if (!inner) return inner;
+  if (!inner->isCompleted()) in_flight_->add(inner, views);
+  return c10::make_intrusive<WorkGlooAxon>(std::move(inner), std::move(views), in_flight_);
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupGlooAxon::getBackendOptions() {
+  return gloo_->getBackendOptions();
+}
+bool ProcessGroupGlooAxon::supportsCoalescing() const { return gloo_->supportsCoalescing(); }
+void ProcessGroupGlooAxon::setTimeout(std::chrono::milliseconds timeout) {
+  gloo_->setTimeout(timeout);
+}
+void ProcessGroupGlooAxon::setSequenceNumberForGroup() { gloo_->setSequenceNumberForGroup(); }
+uint64_t ProcessGroupGlooAxon::getSequenceNumberForGroup() {
+  return gloo_->getSequenceNumberForGroup();
+}
+void ProcessGroupGlooAxon::startCoalescing() { gloo_->startCoalescing(); }
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::endCoalescing() {
+  prune();
+  return track(gloo_->endCoalescing(), std::make_shared<HostViews>());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::broadcast(
+    std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto t = v->view(tensors);
+  return run(v, [&] { return gloo_->broadcast(t, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::allreduce(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto t = v->view(tensors);
+  return run(v, [&] { return gloo_->allreduce(t, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto t = v->view(tensors);
+  return run(v, [&] { return gloo_->allreduce_coalesced(t, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::reduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::ReduceOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto t = v->view(tensors);
+  return run(v, [&] { return gloo_->reduce(t, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto o = v->view(outputs);
+  auto i = v->view(inputs);
+  return run(v, [&] { return gloo_->allgather(o, i, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto o = v->view(output);
+  auto i = v->view(input);
+  return run(v, [&] { return gloo_->_allgather_base(o, i, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto o = v->view(outputs);
+  auto i = v->view(inputs);
+  return run(v, [&] { return gloo_->allgather_coalesced(o, i, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto o = v->view(outputs);
+  auto i = v->view(inputs);
+  return run(v, [&] { return gloo_->allgather_into_tensor_coalesced(o, i, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto o = v->view(outputs);
+  auto i = v->view(inputs);
+  return run(v, [&] { return gloo_->gather(o, i, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto o = v->view(outputs);
+  auto i = v->view(inputs);
+  return run(v, [&] { return gloo_->scatter(o, i, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto o = v->view(outputs);
+  auto i = v->view(inputs);
+  return run(v, [&] { return gloo_->reduce_scatter(o, i, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto o = v->view(output);
+  auto i = v->view(input);
+  return run(v, [&] { return gloo_->_reduce_scatter_base(o, i, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto o = v->view(outputs);
+  auto i = v->view(inputs);
+  return run(v, [&] { return gloo_->reduce_scatter_tensor_coalesced(o, i, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto o = v->view(output);
+  auto i = v->view(input);
+  return run(v, [&] {
+    return gloo_->alltoall_base(o, i, output_split_sizes, input_split_sizes, opts);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::alltoall(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllToAllOptions& opts) {
+  auto v = std::make_shared<HostViews>();
+  auto o = v->view(outputs);
+  auto i = v->view(inputs);
+  return run(v, [&] { return gloo_->alltoall(o, i, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::send(std::vector<at::Tensor>& tensors,
+                                                          int dst, int tag) {
+  auto v = std::make_shared<HostViews>();
+  auto t = v->view(tensors);
+  return run(v, [&] { return gloo_->send(t, dst, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::recv(std::vector<at::Tensor>& tensors,
+                                                          int src, int tag) {
+  auto v = std::make_shared<HostViews>();
+  auto t = v->view(tensors);
+  return run(v, [&] { return gloo_->recv(t, src, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::recvAnysource(
+    std::vector<at::Tensor>& tensors, int tag) {
+  auto v = std::make_shared<HostViews>();
+  auto t = v->view(tensors);
+  return run(v, [&] { return gloo_->recvAnysource(t, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupGlooAxon::barrier(const c10d::BarrierOptions& opts) {
+  prune();
+  return track(gloo_->barrier(opts), std::make_shared<HostViews>());
+}
+
+void ProcessGroupGlooAxon::monitoredBarrier(const c10d::BarrierOptions& opts,
+                                            bool wait_all_ranks) {
+  gloo_->monitoredBarrier(opts, wait_all_ranks);
+}
+
+void ProcessGroupGlooAxon::abort() {
+  gloo_->abort();
+  in_flight_->clear();
+}
+
+void ProcessGroupGlooAxon::shutdown() {
+  gloo_->shutdown();
+  in_flight_->clear();
 }
 
 }  // namespace at::axon

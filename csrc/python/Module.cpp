@@ -9,8 +9,10 @@
 
 #include "../core/StreamWork.h"
 #include "Inductor.h"
-#include "../distributed/ProcessGroupAxon.h"
+#include "../distributed/Bindings.h"
 #include "../aten/Fallback.h"
+#include "../aten/Kernels.h"
+#include "../aten/Registry.h"
 #include "../core/AxonGenerator.h"
 #include "../core/AxonRuntime.h"
 #include "../core/AxonStream.h"
@@ -75,6 +77,8 @@ void sleep_on_stream(int device, double ms) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Axon device runtime bindings";
+  // Before any kernel can run (kernels launch only once Python calls ops).
+  installKernelParallelBackend();
   m.def("_device_count", [] { return static_cast<int>(device_count()); });
   m.def("_current_device", [] { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
@@ -93,6 +97,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_default_generators", &default_generators);
   m.def("_fallback_stats", [] { return fallbackStats(); });
   m.def("_reset_fallback_stats", [] { resetFallbackStats(); });
+  // The axon kernel registrations (aten/Registry.h): (op, dispatch key, path,
+  // family, source file) per registration; torch_axon/ops.py makes the table.
+  m.def("_op_table", [] {
+    py::list rows;
+    for (const OpRecord& r : opTable()) {
+      rows.append(py::make_tuple(r.op, r.key, pathName(r.path), r.family, r.file));
+    }
+    return rows;
+  });
   m.def("_num_device_allocs", [](int d) {
     return numDeviceAllocs(static_cast<c10::DeviceIndex>(d));
   });

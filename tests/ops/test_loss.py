@@ -60,7 +60,7 @@ def test_ctc_loss_matches_cpu():
 STREAM_OPS = {
     "nll_loss2d": (lambda a: F.nll_loss(F.log_softmax(a, 1), torch.tensor(
         [[[0, 1, 2], [2, 1, 0]]]).expand(2, 2, 3).to(a.device)), [(2, 3, 2, 3)], None, True),
-    # ops without Meta kernels (AsyncOps.cpp's without_meta): margin losses' and
+    # ops without Meta kernels (GenericKernel.cpp's without_meta): margin losses' and
     # CTC's backwards, logcumsumexp, cummax/cummin
     "multi_margin_loss": (lambda a: F.multi_margin_loss(a, torch.tensor(
         [1, 0, 3, 2]).to(a.device)), [(4, 6)], None, True),

@@ -14,7 +14,7 @@ from conftest import assert_same, make
 
 # RNNs: ATen's lstm_cell / gru_cell call the fused cell ops on every device but
 # the CPU, and only CUDA had kernels for them: nn.LSTM, nn.GRU and their cells
-# raised on axon (csrc/aten/RnnOps.cpp).
+# raised on axon (csrc/aten/ops/rnn.cpp).
 
 RNNS = {
     "lstm": lambda: torch.nn.LSTM(5, 7, num_layers=2, bidirectional=True, batch_first=True),

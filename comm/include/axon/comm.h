@@ -1,7 +1,9 @@
 // axon::comm: collectives between the processes of one host over shared memory
 // (no PyTorch headers).  ProcessGroupAxon (csrc/distributed/) runs these as
 // stream work on a communication stream; this library only moves and reduces
-// bytes between raw pointers.
+// bytes between raw pointers.  What the process group decides before it
+// creates a group (AXON_COMM_* sizes, segment names, removal of segments left
+// by dead processes) is in axon/comm_config.h.
 //
 // One ShmGroup per process group and process.  Rank 0 creates a POSIX
 // shared-memory segment; the others open it by name; once every rank has

@@ -1,96 +1,51 @@
-// Tier 1: the structural ops every backend must provide itself: allocation,
-// views, resizing, copies across devices, reading a scalar.
+// Tensors' memory: allocation, views, resizing, copies, fills, factories,
+// concatenation and other copies that rearrange elements (flip, roll, tril ...).
+//   structural (tier 1): the ops a backend must own (empty, views, resize_,
+//     set_, _copy_from, _local_scalar_dense ...) and view ops whose ATen
+//     kernels only compute sizes and strides;
+//   native stream kernels: fill_, zero_, arange (checks written out), cat,
+//     tril, triu (StructuredKernel.h); dtype-converting and strided copies run
+//     the CPU copy kernel as stream work;
+//   generic stream kernel: eye, linspace, logspace, flip, roll ...
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/arange_cpu_dispatch.h>
 #include <ATen/ops/as_strided_native.h>
-#include <ATen/ops/view_native.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/fill_cpu_dispatch.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
 #include <ATen/ops/zero_cpu_dispatch.h>
+#include <ATen/ops/cat_cpu_dispatch.h>
+#include <ATen/ops/cat_meta.h>
+#include <ATen/ops/tril_cpu_dispatch.h>
+#include <ATen/ops/tril_meta.h>
+#include <ATen/ops/triu_cpu_dispatch.h>
+#include <ATen/ops/triu_meta.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "../core/AxonRuntime.h"
-#include "../core/AxonStorage.h"
-#include "../core/AxonStream.h"
-#include "../core/CachingAllocator.h"
-#include "CpuKernel.h"
-#include "HostView.h"
+#include "../../core/AxonRuntime.h"
+#include "../../core/AxonStorage.h"
+#include "../../core/AxonStream.h"
+#include "../../core/CachingAllocator.h"
+#include "../CpuKernel.h"
+#include "../HostView.h"
+#include "../OpDevice.h"
+#include "../Registry.h"
+#include "../StructuredKernel.h"
 
 namespace at::axon {
-
-// ------------------------------------------------------------ host views
-
-at::Tensor hostView(void* data, size_t nbytes, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                    int64_t offset, caffe2::TypeMeta dtype, bool conj, bool neg) {
-  c10::Storage cpu_storage(c10::Storage::use_byte_size_t(), nbytes,
-                           c10::DataPtr(data, c10::Device(c10::kCPU)), nullptr, false);
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
-  impl->set_sizes_and_strides(sizes, strides, offset);
-  impl->_set_conj(conj);
-  impl->_set_neg(neg);
-  return at::Tensor(std::move(impl));
-}
-
-at::Tensor wrappedNumber(const at::Scalar& value, c10::ScalarType dtype) {
-  at::Tensor t = at::detail::scalar_tensor_static(value, dtype, c10::Device(c10::kCPU));
-  t.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return t;
-}
-
-at::Scalar wrappedNumberValue(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kDouble: return *t.const_data_ptr<double>();
-    case at::kLong: return *t.const_data_ptr<int64_t>();
-    case at::kBool: return *t.const_data_ptr<bool>();
-    case at::kComplexDouble: return *t.const_data_ptr<c10::complex<double>>();
-    default: return t.item();
-  }
-}
-
-at::Tensor hostView(const at::Tensor& t, bool resizable) {
-  const c10::Storage& storage = t.storage();
-  c10::Storage cpu_storage(
-      c10::Storage::use_byte_size_t(), storage.nbytes(),
-      c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)),
-      resizable ? c10::GetCPUAllocator() : nullptr, resizable);
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      t.dtype());
-  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  impl->_set_conj(t.is_conj());
-  impl->_set_neg(t.is_neg());
-  return at::Tensor(std::move(impl));
-}
-
-void syncCurrentStream(c10::DeviceIndex device) {
-  rt::Stream s = current_rt_stream(device);
-  rt_call([&] { rt::stream_synchronize(s); });
-  releaseFinishedWork();
-}
-
-at::Tensor copyToDevice(const at::Tensor& src, c10::DeviceIndex device) {
-  c10::DeviceGuard guard(c10::Device(kAxon, device));
-  bool dense = src.is_non_overlapping_and_dense();
-  at::Tensor dst = dense ? emptyDevice(src.sizes(), src.strides(), src.scalar_type(), device)
-                         : emptyDevice(src.sizes(), src.scalar_type(), device);
-  if (src.numel() == 0) return dst;
-  if (dense) {
-    rt::Stream s = current_rt_stream(device);
-    rt_call([&] { rt::memcpy(dst.data_ptr(), src.data_ptr(), src.nbytes(), s); });
-  } else {
-    syncCurrentStream(device);
-    hostView(dst).copy_(src);
-  }
-  return dst;
-}
-
 namespace {
+
+using namespace structured;
 
 constexpr c10::DispatchKeySet kAxonKeys{c10::DispatchKey::PrivateUse1};
 
@@ -340,23 +295,106 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   return hostView(self).item();
 }
 
+// ------------------------------------------------------------ fills
+
+at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
+  const auto device = opDevice("fill_", self);
+  launchCpuKernel<HostChecks::kMeta>(device, "aten::fill_.Scalar",
+                  static_cast<at::Tensor& (*)(at::Tensor&, const at::Scalar&)>(&at::cpu::fill_),
+                  self, value);
+  return self;
+}
+
+at::Tensor& fill_tensor(at::Tensor& self, const at::Tensor& value) {
+  TORCH_CHECK(value.dim() == 0,
+              "fill_ only supports 0-dimension value tensor but got tensor with ",
+              value.dim(), " dimensions.");
+  const auto device = opDevice("fill_", self);
+  checkSameDevice("aten::fill_.Tensor", device, value);
+  launchCpuKernel<HostChecks::kMeta>(device, "aten::fill_.Tensor",
+                  static_cast<at::Tensor& (*)(at::Tensor&, const at::Tensor&)>(&at::cpu::fill_),
+                  self, value);
+  return self;
+}
+
+at::Tensor& zero_(at::Tensor& self) {
+  const auto device = opDevice("zero_", self);
+  launchCpuKernel<HostChecks::kMeta>(device, "aten::zero_", &at::cpu::zero_, self);
+  return self;
+}
+
+// ------------------------------------------------------------ factories
+
+at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step,
+                       at::Tensor& out) {
+  const auto device = opDevice("arange", out);
+  // ATen works in the output's accumulate type: int64 for integral outputs.
+  const bool integral = c10::isIntegralType(out.scalar_type(), /*includeBool=*/true);
+  auto acc = [&](const at::Scalar& v) {
+    return integral ? static_cast<double>(v.toLong()) : v.toDouble();
+  };
+  const double xstart = acc(start), xend = acc(end), xstep = acc(step);
+  TORCH_CHECK_VALUE(xstep > 0 || xstep < 0, "step must be nonzero");
+  TORCH_CHECK(std::isfinite(xstart) && std::isfinite(xend), "unsupported range: ", xstart,
+              " -> ", xend);
+  TORCH_CHECK(((xstep > 0) && (xend >= xstart)) || ((xstep < 0) && (xend <= xstart)),
+              "upper bound and larger bound inconsistent with step sign");
+  double size_d;
+  if (out.scalar_type() == at::kLong) {
+    const int64_t s = start.toLong(), e = end.toLong(), st = step.toLong();
+    const int64_t sgn = (st > 0) - (st < 0);
+    size_d = static_cast<double>((e - s + st - sgn) / st);  // integer division, as ATen
+  } else {
+    size_d = std::ceil((end.toDouble() - start.toDouble()) / step.toDouble());
+  }
+  TORCH_CHECK(size_d >= 0 && size_d <= static_cast<double>(std::numeric_limits<int64_t>::max()),
+              "invalid size, possible overflow?");
+  const int64_t size = static_cast<int64_t>(size_d);
+  if (out.numel() != size) out.resize_({size});
+  if (size > 0) {
+    launchCpuKernel<HostChecks::kMeta>(device, "aten::arange.start_out", &at::cpu::arange_outf,
+                                       start, end, step, out);
+  }
+  return out;
+}
+
+}  // namespace
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("empty.memory_format", empty_memory_format);
-  m.impl("empty_strided", empty_strided);
-  m.impl("_efficientzerotensor", efficientzerotensor);
-  m.impl("as_strided", as_strided);
-  m.impl("view", view);
-  m.impl("_reshape_alias", reshape_alias);
-  m.impl("resize_", resize_);
-  m.impl("set_.source_Storage_storage_offset", set_storage);
-  m.impl("set_.source_Storage", set_source_storage);
-  m.impl("set_.source_Tensor", set_source_tensor);
-  m.impl("set_", set_empty);
-  m.impl("_copy_from", copy_from);
-  m.impl("_copy_from_and_resize", copy_from_and_resize);
-  m.impl("_local_scalar_dense", local_scalar_dense);
-  m.impl("record_stream", record_stream);
-  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+  OpRegistrar reg(m, "copy_view_factory");
+  reg.impl(Path::kStructural, "empty.memory_format", empty_memory_format);
+  reg.impl(Path::kStructural, "empty_strided", empty_strided);
+  reg.impl(Path::kStructural, "_efficientzerotensor", efficientzerotensor);
+  reg.impl(Path::kStructural, "as_strided", as_strided);
+  reg.impl(Path::kStructural, "view", view);
+  reg.impl(Path::kStructural, "_reshape_alias", reshape_alias);
+  reg.impl(Path::kStructural, "resize_", resize_);
+  reg.impl(Path::kStructural, "set_.source_Storage_storage_offset", set_storage);
+  reg.impl(Path::kStructural, "set_.source_Storage", set_source_storage);
+  reg.impl(Path::kStructural, "set_.source_Tensor", set_source_tensor);
+  reg.impl(Path::kStructural, "set_", set_empty);
+  reg.impl(Path::kStructural, "_copy_from", copy_from);
+  reg.impl(Path::kStructural, "_copy_from_and_resize", copy_from_and_resize);
+  reg.impl(Path::kStructural, "_local_scalar_dense", local_scalar_dense);
+  reg.impl(Path::kStructural, "record_stream", record_stream);
+  reg.impl(Path::kStructural, "_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+  // view ops whose ATen kernels only compute sizes and strides (registered for
+  // CPU and CUDA, so not reaching axon by themselves)
+  reg.impl(Path::kStructural, "unfold", TORCH_FN(at::native::unfold));
+  reg.impl(Path::kStructural, "view_as_real", TORCH_FN(at::native::view_as_real));
+  reg.impl(Path::kStructural, "view_as_complex", TORCH_FN(at::native::view_as_complex));
+  reg.impl(Path::kNative, "fill_.Scalar", fill_scalar);
+  reg.impl(Path::kNative, "fill_.Tensor", fill_tensor);
+  reg.impl(Path::kNative, "zero_", zero_);
+  reg.impl(Path::kNative, "arange.start_out", arange_out);
+  OUT("cat.out", 1, cat, cat_outf);
+  OUT("tril.out", 1, tril, tril_outf);
+  OUT("triu.out", 1, triu, triu_outf);
+  FUNC("cat", 1, cat, T(const at::ITensorListRef&, int64_t), cat_outf);
+  reg.generic({
+      "eye.out", "eye.m_out", "linspace.out", "logspace.out", "flip", "roll",
+      "unfold_backward", "channel_shuffle"
+  });
 }
 
 // copy_ hands axon copies to _copy_from, which handles the conjugate and
@@ -369,5 +407,4 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
 }
 
-}  // namespace
 }  // namespace at::axon

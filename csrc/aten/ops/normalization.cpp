@@ -1,71 +1,46 @@
-// Tier 2 with our own kernels (kernels/): layer_norm, rms_norm, softmax,
-// scaled_dot_product_attention and the fused Adam/AdamW step, forward and
-// backward.  The host checks arguments and allocates results; the kernel runs
-// as stream work on raw pointers taken at launch (holding no references:
-// stream order protects memory the host frees meanwhile, see CpuKernel.h).  Inputs a kernel cannot
-// take (other dtypes, odd layouts) go to the ATen CPU kernels, also as
-// stream work.
+// Normalisation: layer_norm, rms_norm, batch_norm, group_norm, weight_norm,
+// renorm, and softmax/log_softmax (a normalisation along one dimension).
+//   fused kernels (kernels/norm.h, kernels/softmax.h): native_layer_norm,
+//     _fused_rms_norm (F.rms_norm reaches it through an AutogradPrivateUse1
+//     kernel, as on CUDA), last-dim _softmax/_log_softmax, with backwards;
+//     other dtypes and layouts: ATen's CPU kernels as stream work;
+//   native stream kernels: the softmax out= overloads (StructuredKernel.h);
+//   generic stream kernel: batch norm and group norm (with the adjustments
+//     below; ATen's composites for other backends fail on channels-last
+//     activations or call the CPU kernel directly), weight norm, renorm.
 #include <cmath>
 
-#include <ATen/Parallel.h>
-#include <ATen/SDPBackend.h>
-#include <ATen/native/DispatchStub.h>
-#include <ATen/native/transformers/attention.h>
-#include <ATen/native/layer_norm.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/native/layer_norm.h>
 #include <ATen/ops/_fused_rms_norm.h>
-#include <ATen/ops/_log_softmax_backward_data_cpu_dispatch.h>
-#include <ATen/ops/_log_softmax_cpu_dispatch.h>
-#include <ATen/ops/_softmax_backward_data_cpu_dispatch.h>
-#include <ATen/ops/_softmax_cpu_dispatch.h>
 #include <ATen/ops/native_layer_norm_backward_cpu_dispatch.h>
 #include <ATen/ops/native_layer_norm_cpu_dispatch.h>
 #include <ATen/ops/rms_norm_ops.h>
-#include <ATen/ops/scalar_tensor.h>
-#include <c10/util/irange.h>
-#include <c10/util/strides.h>
+#include <ATen/ops/_log_softmax_cpu_dispatch.h>
+#include <ATen/ops/_log_softmax_meta.h>
+#include <ATen/ops/_log_softmax_backward_data_cpu_dispatch.h>
+#include <ATen/ops/_log_softmax_backward_data_meta.h>
+#include <ATen/ops/_softmax_cpu_dispatch.h>
+#include <ATen/ops/_softmax_meta.h>
+#include <ATen/ops/_softmax_backward_data_cpu_dispatch.h>
+#include <ATen/ops/_softmax_backward_data_meta.h>
 #include <torch/library.h>
 
-#include <axon/kernels/attention.h>
-#include <axon/kernels/dtype.h>
 #include <axon/kernels/norm.h>
-#include <axon/kernels/optimizer.h>
-#include <axon/kernels/parallel.h>
 #include <axon/kernels/softmax.h>
 
-#include "../core/AxonGenerator.h"
-#include "CpuKernel.h"
+#include "../CpuKernel.h"
+#include "../GenericKernel.h"
+#include "../Kernels.h"
+#include "../OpDevice.h"
+#include "../Registry.h"
+#include "../StructuredKernel.h"
 
 namespace at::axon {
 namespace {
 
+using namespace structured;
 namespace k = ::axon::kernels;
-
-std::optional<k::DType> kernel_dtype(c10::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return k::DType::kFloat32;
-    case at::kBFloat16: return k::DType::kBFloat16;
-    case at::kHalf: return k::DType::kFloat16;
-    default: return std::nullopt;
-  }
-}
-
-// Kernels split work with ATen's thread pool (OpenMP), from the stream worker.
-void aten_parallel_for(int64_t begin, int64_t end, int64_t grain, void* ctx,
-                       k::ParallelBody body) {
-  at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { body(ctx, b, e); });
-}
-const bool parallel_installed = [] {
-  k::set_parallel_backend(&aten_parallel_for);
-  return true;
-}();
-
-c10::DeviceIndex device_checked(const char* op, const at::Tensor& main,
-                                std::initializer_list<const at::Tensor*> others) {
-  const c10::DeviceIndex device = axonDevice(op, main);
-  for (const at::Tensor* t : others) checkSameDevice(op, device, *t);
-  return device;
-}
 
 // ------------------------------------------------------------ layer_norm
 
@@ -83,14 +58,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
     double eps) {
   const at::Tensor weight = weight_opt.value_or(at::Tensor());
   const at::Tensor bias = bias_opt.value_or(at::Tensor());
-  const auto device = device_checked("aten::native_layer_norm", input, {&weight, &bias});
+  const auto device = opDevice("aten::native_layer_norm", input, {&weight, &bias});
   auto [rows, cols] = at::native::_check_layer_norm_inputs(input, normalized_shape, weight, bias);
   const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
   std::vector<int64_t> stat_shape(input.sizes().begin(), input.sizes().begin() + axis);
   stat_shape.resize(input.dim(), 1);
 
-  const auto dt = kernel_dtype(input.scalar_type());
-  const auto wdt = kernel_dtype(param_dtype(input, weight, bias));
+  const auto dt = kernelDType(input.scalar_type());
+  const auto wdt = kernelDType(param_dtype(input, weight, bias));
   const bool same_wb = !weight.defined() || !bias.defined() ||
                        weight.scalar_type() == bias.scalar_type();
   if (!dt || !wdt || !same_wb) {  // e.g. float64: ATen's kernel, statistics in input dtype
@@ -145,11 +120,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
     const std::optional<at::Tensor>& bias_opt, std::array<bool, 3> mask) {
   const at::Tensor weight = weight_opt.value_or(at::Tensor());
   const at::Tensor bias = bias_opt.value_or(at::Tensor());
-  const auto device = device_checked("aten::native_layer_norm_backward", input,
+  const auto device = opDevice("aten::native_layer_norm_backward", input,
                                      {&grad_out, &mean, &rstd, &weight, &bias});
   auto [rows, cols] = at::native::_check_layer_norm_inputs(input, normalized_shape, weight, bias);
-  const auto dt = kernel_dtype(input.scalar_type());
-  const auto wdt = kernel_dtype(param_dtype(input, weight, bias));
+  const auto dt = kernelDType(input.scalar_type());
+  const auto wdt = kernelDType(param_dtype(input, weight, bias));
   const bool same_wb = !weight.defined() || !bias.defined() ||
                        weight.scalar_type() == bias.scalar_type();
   if (!dt || !wdt || !same_wb || mean.scalar_type() != at::kFloat || rstd.scalar_type() != at::kFloat ||
@@ -210,7 +185,7 @@ at::Tensor rms_norm_autograd(const at::Tensor& input, c10::SymIntArrayRef normal
   // Symbolic sizes (torch.compile with dynamic shapes traces with fake
   // tensors): the composite, which Inductor fuses anyway.
   const auto shape = c10::asIntArrayRefSlowOpt(normalized_shape);
-  const bool fused = shape.has_value() && kernel_dtype(input.scalar_type()).has_value() &&
+  const bool fused = shape.has_value() && kernelDType(input.scalar_type()).has_value() &&
                      (!weight.has_value() || !weight->defined() ||
                       weight->scalar_type() == input.scalar_type());
   if (!fused) {  // ATen's composite (its kernel for the PrivateUse1 key), with autograd
@@ -225,7 +200,7 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input,
                                                   const std::optional<at::Tensor>& weight_opt,
                                                   std::optional<double> eps_opt) {
   const at::Tensor weight = weight_opt.value_or(at::Tensor());
-  const auto device = device_checked("aten::_fused_rms_norm", input, {&weight});
+  const auto device = opDevice("aten::_fused_rms_norm", input, {&weight});
   auto [rows, cols] = at::native::_check_layer_norm_inputs(input, normalized_shape, weight, {});
   TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(input.scalar_type()),
                               "\"rms_norm\" not implemented for '", input.scalar_type(), "'");
@@ -233,8 +208,8 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input,
   const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
   std::vector<int64_t> stat_shape(input.sizes().begin(), input.sizes().begin() + axis);
   stat_shape.resize(input.dim(), 1);
-  const auto dt = kernel_dtype(input.scalar_type());
-  const auto wdt = weight.defined() ? kernel_dtype(weight.scalar_type()) : dt;
+  const auto dt = kernelDType(input.scalar_type());
+  const auto wdt = weight.defined() ? kernelDType(weight.scalar_type()) : dt;
   if (!dt || !wdt) {  // e.g. float64: ATen's CPU ops as stream work
     at::Tensor out = emptyDevice(input.sizes(), input.scalar_type(), device);
     at::Tensor rstd = emptyDevice(stat_shape, input.scalar_type(), device);
@@ -269,11 +244,11 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
     const at::Tensor& rstd, const std::optional<at::Tensor>& weight_opt,
     std::array<bool, 2> mask) {
   const at::Tensor weight = weight_opt.value_or(at::Tensor());
-  const auto device = device_checked("aten::_fused_rms_norm_backward", input,
+  const auto device = opDevice("aten::_fused_rms_norm_backward", input,
                                      {&grad_out, &rstd, &weight});
   auto [rows, cols] = at::native::_check_layer_norm_inputs(input, normalized_shape, weight, {});
-  const auto dt = kernel_dtype(input.scalar_type());
-  const auto wdt = weight.defined() ? kernel_dtype(weight.scalar_type()) : dt;
+  const auto dt = kernelDType(input.scalar_type());
+  const auto wdt = weight.defined() ? kernelDType(weight.scalar_type()) : dt;
   if (!dt || !wdt || rstd.scalar_type() != at::kFloat) {  // ATen's CPU ops as stream work
     const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
     std::vector<int64_t> dims, rows_dims;
@@ -324,12 +299,12 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
 
 // Last-dim softmax on contiguous rows: our kernel; anything else: ATen's.
 bool softmax_native(const at::Tensor& self, int64_t dim, bool half_to_float) {
-  return !half_to_float && kernel_dtype(self.scalar_type()).has_value() && self.dim() > 0 &&
+  return !half_to_float && kernelDType(self.scalar_type()).has_value() && self.dim() > 0 &&
          c10::maybe_wrap_dim(dim, self.dim()) == self.dim() - 1 && self.is_contiguous();
 }
 
 at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, bool half_to_float, bool log) {
-  const auto device = device_checked(log ? "aten::_log_softmax" : "aten::_softmax", self, {});
+  const auto device = opDevice(log ? "aten::_log_softmax" : "aten::_softmax", self, {});
   if (!softmax_native(self, dim, half_to_float)) {
     at::Tensor out = emptyDevice(self.sizes(),
                                   half_to_float ? at::kFloat : self.scalar_type(), device);
@@ -343,7 +318,7 @@ at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, bool half_to_float,
   const int64_t rows = cols == 0 ? 0 : self.numel() / cols;
   if (rows == 0) return out;
   launch(device, log ? "aten::_log_softmax" : "aten::_softmax",
-         [=, dt = *kernel_dtype(self.scalar_type()), xp = self.const_data_ptr(),
+         [=, dt = *kernelDType(self.scalar_type()), xp = self.const_data_ptr(),
           yp = out.data_ptr()] {
            k::softmax_forward(dt, rows, cols, xp, cols, yp, log);
          }, kernelThreads(2 * rows * cols));
@@ -360,7 +335,7 @@ at::Tensor log_softmax(const at::Tensor& self, int64_t dim, bool half_to_float) 
 at::Tensor softmax_backward_impl(const at::Tensor& grad, const at::Tensor& output, int64_t dim,
                                  c10::ScalarType input_dtype, bool log) {
   const char* name = log ? "aten::_log_softmax_backward_data" : "aten::_softmax_backward_data";
-  const auto device = device_checked(name, output, {&grad});
+  const auto device = opDevice(name, output, {&grad});
   const bool native = softmax_native(output, dim, false) && grad.is_contiguous() &&
                       grad.scalar_type() == output.scalar_type() &&
                       input_dtype == output.scalar_type() && grad.sizes() == output.sizes();
@@ -377,7 +352,7 @@ at::Tensor softmax_backward_impl(const at::Tensor& grad, const at::Tensor& outpu
   const int64_t rows = cols == 0 ? 0 : output.numel() / cols;
   if (rows == 0) return dx;
   launch(device, name,
-         [=, dt = *kernel_dtype(output.scalar_type()), gp = grad.const_data_ptr(),
+         [=, dt = *kernelDType(output.scalar_type()), gp = grad.const_data_ptr(),
           yp = output.const_data_ptr(), dxp = dx.data_ptr()] {
            k::softmax_backward(dt, rows, cols, gp, yp, dxp, log);
          }, kernelThreads(3 * rows * cols));
@@ -393,332 +368,135 @@ at::Tensor log_softmax_backward(const at::Tensor& grad, const at::Tensor& output
   return softmax_backward_impl(grad, output, dim, input_dtype, true);
 }
 
-// ------------------------------------------------------------ attention
-
-k::Strides4 strides4(const at::Tensor& t) {
-  return {{t.stride(0), t.stride(1), t.stride(2), t.stride(3)}};
+// Group norm by the generic kernel: ATen's composite for other backends
+// (math_group_norm) views its input and fails on channels-last activations
+// (a Diffusers UNet after an attention block).  Parameters of another dtype
+// than the input (bf16 activations, float32 weight and bias), which the CPU
+// kernel takes as they are, computing in float32 with float32 mean and rstd:
+// here the input is converted to the parameters' dtype instead and the result
+// back (the Meta kernel would give mean/rstd the input's dtype, which the CPU
+// kernel then refuses next to float32 parameters); the backward likewise.
+// native_group_norm(input, weight?, bias?, N, C, HxW, group, eps)
+//   -> (out, mean, rstd)
+void group_norm_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t base = stack->size() - 8;
+  const at::Tensor input = (*stack)[base].toTensor();
+  std::optional<c10::ScalarType> param_dtype;
+  for (size_t i : {base + 1, base + 2}) {
+    const c10::IValue& v = (*stack)[i];
+    if (v.isTensor() && v.toTensor().defined() &&
+        v.toTensor().scalar_type() != input.scalar_type()) {
+      param_dtype = v.toTensor().scalar_type();
+    }
+  }
+  if (param_dtype) (*stack)[base] = input.to(*param_dtype);
+  genericStreamKernel(op, stack);
+  if (param_dtype) {
+    c10::IValue& out = (*stack)[stack->size() - 3];
+    out = out.toTensor().to(input.scalar_type());
+  }
 }
 
-// SDPA's backend choice for axon tensors (registered as the PrivateUse1
-// kernel of _fused_sdp_choice_stub): our fused kernel for 4-d inputs of
-// one kernel dtype, with an additive mask or none (boolean masks arrive
-// converted to additive ones); else PyTorch's math path.
+// native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C, HxW,
+// group, output_mask) -> (grad_input, grad_weight, grad_bias)
+void group_norm_backward_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t base = stack->size() - 10;
+  const at::Tensor input = (*stack)[base + 1].toTensor();
+  const at::Tensor mean = (*stack)[base + 2].toTensor();
+  std::optional<c10::ScalarType> param_dtype;
+  if (mean.defined() && mean.scalar_type() != input.scalar_type()) {
+    param_dtype = mean.scalar_type();  // the forward computed in it
+  }
+  const c10::IValue& w = (*stack)[base + 4];
+  if (w.isTensor() && w.toTensor().defined() && w.toTensor().scalar_type() != input.scalar_type()) {
+    param_dtype = w.toTensor().scalar_type();
+  }
+  if (param_dtype) {
+    for (size_t i : {base, base + 1, base + 2, base + 3}) {
+      c10::IValue& v = (*stack)[i];
+      if (v.isTensor() && v.toTensor().defined()) v = v.toTensor().to(*param_dtype);
+    }
+  }
+  genericStreamKernel(op, stack);
+  if (param_dtype) {
+    c10::IValue& grad_input = (*stack)[stack->size() - 3];
+    if (grad_input.isTensor() && grad_input.toTensor().defined()) {
+      grad_input = grad_input.toTensor().to(input.scalar_type());
+    }
+  }
+}
+
+// Batch norm's forms by the generic kernel, with the CPU's saved statistics
+// (what eager axon returned through the fallback before, and what
+// torch_axon.integrations.torch_compile makes the decompositions say): per
+// channel in training, empty in eval mode, in the parameters' dtype when it
+// differs from the input's (float32 parameters of 16-bit activations), else
+// in the input's.  The Meta kernel, like CUDA's, sizes them per channel in
+// float32 whatever the mode; the results are put right after the launch.
+void batch_norm_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  const size_t base = stack->size() - num_args;
+  const at::Tensor input = (*stack)[base].toTensor();
+  bool training = schema.name() == "aten::_batch_norm_with_update";
+  c10::ScalarType stats = input.scalar_type();
+  for (size_t i = 1; i < num_args; ++i) {
+    const c10::Argument& arg = schema.arguments()[i];
+    const c10::IValue& v = (*stack)[base + i];
+    if (arg.name() == "training") training = v.toBool();
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().scalar_type() != stats) {
+      stats = v.toTensor().scalar_type();
+    }
+  }
+  genericStreamKernel(op, stack);
+  const size_t first = stack->size() - schema.returns().size();
+  for (size_t r : {first + 1, first + 2}) {
+    at::Tensor t = (*stack)[r].toTensor();
+    if (!training) {
+      (*stack)[r] = emptyDevice({0}, stats, t.device().index());
+    } else if (t.scalar_type() != stats) {
+      (*stack)[r] = t.to(stats);
+    }
+  }
+}
+
 }  // namespace
 
-int64_t fusedSdpChoice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const std::optional<at::Tensor>& mask, double /*dropout_p*/,
-                         bool /*is_causal*/, std::optional<double> /*scale*/, bool enable_gqa) {
-  const auto math = static_cast<int64_t>(at::SDPBackend::math);
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return math;
-  if (!kernel_dtype(q.scalar_type()) || k.scalar_type() != q.scalar_type() ||
-      v.scalar_type() != q.scalar_type()) {
-    return math;
-  }
-  if (q.size(0) != k.size(0) || k.size(0) != v.size(0) || k.size(1) != v.size(1) ||
-      k.size(2) != v.size(2) || q.size(3) != k.size(3)) {
-    return math;  // the math path raises PyTorch's shape errors
-  }
-  if (q.size(1) != k.size(1) && (!enable_gqa || k.size(1) == 0 || q.size(1) % k.size(1) != 0)) {
-    return math;
-  }
-  if (mask.has_value() && mask->defined()) {
-    if (mask->requires_grad() || mask->dim() > 4) return math;
-    if (mask->scalar_type() != at::kBool && !kernel_dtype(mask->scalar_type())) return math;
-  }
-  if (q.requires_grad() || k.requires_grad() || v.requires_grad()) {
-    if (q.numel() == 0 || k.numel() == 0) return math;
-  }
-  return static_cast<int64_t>(at::SDPBackend::overrideable);
-}
-
-namespace {
-
-k::AttentionShape attention_shape(const at::Tensor& q, const at::Tensor& k,
-                                  const at::Tensor& v) {
-  return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
-}
-
-// The mask as the kernel reads it: broadcast to [batch, q heads, q, kv] (a
-// view; the data stays the mask's).
-k::AttentionMask attention_mask(const at::Tensor& mask, const k::AttentionShape& s) {
-  k::AttentionMask m;
-  if (!mask.defined()) return m;
-  const at::Tensor expanded = mask.expand({s.batch, s.q_heads, s.q_len, s.kv_len});
-  if (mask.scalar_type() == at::kBool) {
-    m.kind = k::MaskKind::kBool;
-  } else {
-    m.kind = k::MaskKind::kAdditive;
-    m.dt = *kernel_dtype(mask.scalar_type());
-  }
-  m.data = expanded.const_data_ptr();
-  m.strides = strides4(expanded);
-  return m;
-}
-
-// A result of shape `sizes` laid out like q: empty_like(q) when the shapes
-// match (q's strides if q is dense), else q's dimension order (Meta's
-// alloc_with_matching_layout).
-at::Tensor like_query(const at::Tensor& q, c10::IntArrayRef sizes, c10::DeviceIndex device) {
-  if (q.sizes() == sizes) return emptyDeviceLike(q, q.scalar_type());
-  std::array<int64_t, 4> order{0, 1, 2, 3};
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return q.stride(a) > q.stride(b); });
-  std::array<int64_t, 4> strides{};
-  int64_t stride = 1;
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    strides[*it] = stride;
-    stride *= sizes[*it];
-  }
-  return emptyDevice(sizes, strides, q.scalar_type(), device);
-}
-
-using SdpaOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt,
-                               c10::SymInt, at::Tensor, at::Tensor, at::Tensor>;
-
-SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const std::optional<at::Tensor>& mask_opt, double dropout_p,
-                         bool is_causal, bool /*return_debug_mask*/,
-                         std::optional<double> scale) {
-  const at::Tensor mask = mask_opt.value_or(at::Tensor());
-  const auto device = device_checked("aten::_scaled_dot_product_fused_attention_overrideable",
-                                     q, {&k, &v, &mask});
-  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
-  const int64_t S = k.size(2), Dv = v.size(3);
-  // The output follows the query's layout, as the Meta kernel says (for
-  // Hugging Face's [B, L, H, D]-ordered queries: [B, L, H, Dv] memory order,
-  // so the transpose(1, 2) before the output projection is already contiguous).
-  at::Tensor out = like_query(q, {B, Hq, L, Dv}, device);
-  at::Tensor lse = emptyDevice({B, Hq, L}, at::kFloat, device);
-  uint64_t seed = 0, offset = 0;
-  if (dropout_p > 0) {
-    at::Generator gen = getDefaultAxonGenerator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    std::tie(seed, offset) = gen.get<AxonGeneratorImpl>()->reserve(
-        static_cast<uint64_t>(B * Hq * L * S));
-  }
-  auto cpu_long = [](uint64_t x) {
-    return at::scalar_tensor(static_cast<int64_t>(x), at::TensorOptions().dtype(at::kLong));
-  };
-  at::Tensor philox_seed = cpu_long(seed), philox_offset = cpu_long(offset);
-  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
-  if (out.numel() > 0) {
-    const k::AttentionShape shape = attention_shape(q, k, v);
-    k::AttentionParams params{sc, is_causal, dropout_p, seed, offset};
-    launch(device, "aten::_scaled_dot_product_fused_attention_overrideable",
-           [=, dt = *kernel_dtype(q.scalar_type()), m = attention_mask(mask, shape),
-            qp = q.const_data_ptr(), kp = k.const_data_ptr(), vp = v.const_data_ptr(),
-            op = out.data_ptr(), lp = lse.data_ptr<float>(), qs = strides4(q), ks = strides4(k),
-            vs = strides4(v), os = strides4(out)] {
-             k::attention_forward(dt, shape, params, qp, qs, kp, ks, vp, vs, m, op, os, lp);
-           }, kernelThreads(q.numel() + k.numel() + v.numel() + out.numel()));
-  }
-  return {out, lse, at::Tensor(), at::Tensor(), c10::SymInt(L), c10::SymInt(S), philox_seed,
-          philox_offset, at::Tensor()};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& mask, std::array<bool, 4> grad_mask, const at::Tensor& out,
-    const at::Tensor& lse, const at::Tensor& /*cum_seq_q*/, const at::Tensor& /*cum_seq_k*/,
-    int64_t /*max_q*/, int64_t /*max_k*/, double dropout_p, bool is_causal,
-    const at::Tensor& philox_seed, const at::Tensor& philox_offset,
-    std::optional<double> scale) {
-  const auto device = device_checked(
-      "aten::_scaled_dot_product_fused_attention_overrideable_backward", q,
-      {&grad_out, &k, &v, &mask, &out, &lse});
-  TORCH_CHECK(!grad_mask[3] || !mask.defined(),
-              "axon: the fused attention kernel does not compute the mask's gradient");
-  const int64_t D = q.size(3);
-  // Gradients laid out like their inputs (empty_like, as the Meta kernel).
-  at::Tensor dq = like_query(q, q.sizes(), device);
-  at::Tensor dk = like_query(k, k.sizes(), device);
-  at::Tensor dv = like_query(v, v.sizes(), device);
-  const uint64_t seed = philox_seed.defined() ? philox_seed.item<int64_t>() : 0;
-  const uint64_t offset = philox_offset.defined() ? philox_offset.item<int64_t>() : 0;
-  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
-  const at::Tensor dout = grad_out.scalar_type() == q.scalar_type() ? grad_out
-                                                                      : grad_out.to(q.scalar_type());
-  if (dq.numel() + dk.numel() + dv.numel() > 0) {
-    const k::AttentionShape shape = attention_shape(q, k, v);
-    k::AttentionParams params{sc, is_causal, dropout_p, seed, offset};
-    launch(device, "aten::_scaled_dot_product_fused_attention_overrideable_backward",
-           [=, dt = *kernel_dtype(q.scalar_type()), m = attention_mask(mask, shape),
-            gp = dout.const_data_ptr(), qp = q.const_data_ptr(), kp = k.const_data_ptr(),
-            vp = v.const_data_ptr(), op = out.const_data_ptr(), lp = lse.const_data_ptr<float>(),
-            dqp = dq.data_ptr(), dkp = dk.data_ptr(), dvp = dv.data_ptr(), gs = strides4(dout),
-            qs = strides4(q), ks = strides4(k), vs = strides4(v), os = strides4(out),
-            dqs = strides4(dq), dks = strides4(dk), dvs = strides4(dv)] {
-             k::attention_backward(dt, shape, params, gp, gs, qp, qs, kp, ks, vp, vs, m, op, os,
-                                   lp, dqp, dqs, dkp, dks, dvp, dvs);
-           }, kernelThreads(2 * (q.numel() + k.numel() + v.numel()) + out.numel()));
-  }
-  return {dq, dk, dv, at::Tensor()};
-}
-
-// ------------------------------------------------------------ Adam / AdamW
-
-// g /= scale in place, any kernel dtype (in float32 chunks for half types).
-void unscale(k::DType dt, int64_t n, void* g, float scale) {
-  if (dt == k::DType::kFloat32) {
-    float* f = static_cast<float*>(g);
-    for (int64_t i = 0; i < n; ++i) f[i] /= scale;
-    return;
-  }
-  constexpr int64_t kChunk = 4096;
-  float buf[kChunk];
-  char* bytes = static_cast<char*>(g);
-  for (int64_t i = 0; i < n; i += kChunk) {
-    const int64_t len = std::min(kChunk, n - i);
-    void* at = bytes + i * 2;  // bfloat16 / float16: 2 bytes
-    k::convert_to_float(dt, at, len, buf);
-    for (int64_t j = 0; j < len; ++j) buf[j] /= scale;
-    k::convert_from_float(dt, buf, len, at);
-  }
-}
-
-void fused_adam_impl(const char* name, at::TensorList params, at::TensorList grads,
-                     at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                     at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr,
-                     const at::Tensor& lr_tensor, double beta1, double beta2,
-                     double weight_decay, double eps, bool amsgrad, bool maximize,
-                     const std::optional<at::Tensor>& grad_scale,
-                     const std::optional<at::Tensor>& found_inf, bool decoupled) {
-  const size_t n = params.size();
-  TORCH_CHECK(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n &&
-                  steps.size() == n && (!amsgrad || max_exp_avg_sqs.size() == n),
-              name, ": tensor lists must have the same length");
-  if (n == 0) return;
-  const auto device = device_checked(name, params[0], {});
-  // Every list element on the parameters' device (CPU scalars are not taken
-  // here, unlike in elementwise ops).
-  auto same_device = [&](const at::Tensor& t) {
-    TORCH_CHECK(t.device() == params[0].device(),
-                "Expected all tensors to be on the same device, but found at least two devices, ",
-                params[0].device(), " and ", t.device(), "! (when checking arguments for ", name,
-                ")");
-  };
-  struct Item {
-    k::DType dt;
-    int64_t numel;
-    void* p;
-    const void* g;
-    void* m;
-    void* v;
-    void* vmax;
-    const float* step;
-  };
-  std::vector<Item> items;
-  int64_t elements = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const at::Tensor* group[] = {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]};
-    for (const at::Tensor* t : group) {
-      same_device(*t);
-      TORCH_CHECK(t->is_contiguous() && t->scalar_type() == params[i].scalar_type() &&
-                      t->numel() == params[i].numel(),
-                  name, ": parameters, gradients and states must be contiguous, of one dtype "
-                  "and size");
-    }
-    const auto dt = kernel_dtype(params[i].scalar_type());
-    TORCH_CHECK(dt.has_value(), name, ": unsupported dtype ", params[i].scalar_type());
-    same_device(steps[i]);
-    TORCH_CHECK(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat, name,
-                ": state_steps must be float32 scalars");
-    void* vmax = nullptr;
-    if (amsgrad) {
-      const at::Tensor& v = max_exp_avg_sqs[i];
-      same_device(v);
-      TORCH_CHECK(v.is_contiguous() &&
-                      v.scalar_type() == params[i].scalar_type() && v.numel() == params[i].numel(),
-                  name, ": max_exp_avg_sqs must match the parameters");
-      vmax = max_exp_avg_sqs[i].data_ptr();
-    }
-    elements += params[i].numel();
-    items.push_back({*dt, params[i].numel(), params[i].data_ptr(), grads[i].const_data_ptr(),
-                     exp_avgs[i].data_ptr(), exp_avg_sqs[i].data_ptr(), vmax,
-                     steps[i].const_data_ptr<float>()});
-  }
-  // Scalars given as CPU tensors are copied to the device now (the kernel
-  // reads them later); the copies live until the launch below.
-  std::vector<at::Tensor> scalars;
-  auto float_ptr = [&](const std::optional<at::Tensor>& t, const char* what) -> const float* {
-    if (!t.has_value() || !t->defined()) return nullptr;
-    checkSameDevice(name, device, *t);
-    TORCH_CHECK(t->numel() == 1 && t->scalar_type() == at::kFloat, name, ": ", what,
-                " must be a float32 scalar");
-    scalars.push_back(t->is_cpu() ? t->to(c10::Device(kAxon, device)) : *t);
-    return scalars.back().const_data_ptr<float>();
-  };
-  const float* scale = float_ptr(grad_scale, "grad_scale");
-  const float* inf = float_ptr(found_inf, "found_inf");
-  const float* lr_ptr = float_ptr(lr_tensor.defined() ? std::optional<at::Tensor>(lr_tensor)
-                                                      : std::nullopt, "lr");
-  k::AdamParams ap{lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled};
-  launch(device, name, [items = std::move(items), ap, scale, inf,
-                        lr_ptr]() mutable {
-    if (lr_ptr != nullptr) ap.lr = *lr_ptr;
-    for (const Item& it : items) {
-      k::adam_step(it.dt, it.numel, it.p, it.g, it.m, it.v, it.vmax, *it.step, ap, scale, inf);
-    }
-    // As ATen's fused kernels, leave the gradients unscaled (grad / grad_scale)
-    // when the step was taken.
-    if (scale != nullptr && (inf == nullptr || *inf == 0.0f)) {
-      for (const Item& it : items) unscale(it.dt, it.numel, const_cast<void*>(it.g), *scale);
-    }
-  }, kernelThreads(4 * elements));
-}
-
-// The four registered forms: Adam or AdamW (Decoupled), lr a double or a
-// tensor (a CPU tensor is read now; a device one by the kernel).
-template <bool Decoupled>
-void fused_adam_double_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                          at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                          at::TensorList steps, double lr, double beta1, double beta2,
-                          double weight_decay, double eps, bool amsgrad, bool maximize,
-                          const std::optional<at::Tensor>& grad_scale,
-                          const std::optional<at::Tensor>& found_inf) {
-  fused_adam_impl(Decoupled ? "aten::_fused_adamw_" : "aten::_fused_adam_", params, grads,
-                  exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, {}, beta1, beta2,
-                  weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, Decoupled);
-}
-
-template <bool Decoupled>
-void fused_adam_tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                          at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                          at::TensorList steps, const at::Tensor& lr, double beta1, double beta2,
-                          double weight_decay, double eps, bool amsgrad, bool maximize,
-                          const std::optional<at::Tensor>& grad_scale,
-                          const std::optional<at::Tensor>& found_inf) {
-  const bool on_host = lr.is_cpu();
-  fused_adam_impl(Decoupled ? "aten::_fused_adamw_" : "aten::_fused_adam_", params, grads,
-                  exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
-                  on_host ? lr.item<double>() : 0.0, on_host ? at::Tensor() : lr, beta1, beta2,
-                  weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, Decoupled);
-}
-
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("native_layer_norm", native_layer_norm);
-  m.impl("native_layer_norm_backward", native_layer_norm_backward);
-  m.impl("_fused_rms_norm", fused_rms_norm);
-  m.impl("_fused_rms_norm_backward", fused_rms_norm_backward);
-  m.impl("_softmax", softmax);
-  m.impl("_log_softmax", log_softmax);
-  m.impl("_softmax_backward_data", softmax_backward);
-  m.impl("_log_softmax_backward_data", log_softmax_backward);
-  m.impl("_scaled_dot_product_fused_attention_overrideable", sdpa_forward);
-  m.impl("_scaled_dot_product_fused_attention_overrideable_backward", sdpa_backward);
-  m.impl("_fused_adamw_", fused_adam_double_lr<true>);
-  m.impl("_fused_adamw_.tensor_lr", fused_adam_tensor_lr<true>);
-  m.impl("_fused_adam_", fused_adam_double_lr<false>);
-  m.impl("_fused_adam_.tensor_lr", fused_adam_tensor_lr<false>);
+  OpRegistrar reg(m, "normalization");
+  reg.impl(Path::kFused, "native_layer_norm", native_layer_norm);
+  reg.impl(Path::kFused, "native_layer_norm_backward", native_layer_norm_backward);
+  reg.impl(Path::kFused, "_fused_rms_norm", fused_rms_norm);
+  reg.impl(Path::kFused, "_fused_rms_norm_backward", fused_rms_norm_backward);
+  reg.impl(Path::kFused, "_softmax", softmax);
+  reg.impl(Path::kFused, "_log_softmax", log_softmax);
+  reg.impl(Path::kFused, "_softmax_backward_data", softmax_backward);
+  reg.impl(Path::kFused, "_log_softmax_backward_data", log_softmax_backward);
+  OUT("_softmax.out", 1, _softmax, _softmax_outf);
+  OUT("_log_softmax.out", 1, _log_softmax, _log_softmax_outf);
+  OUT("_softmax_backward_data.out", 1, _softmax_backward_data, _softmax_backward_data_outf);
+  OUT("_log_softmax_backward_data.out", 1, _log_softmax_backward_data,
+      _log_softmax_backward_data_outf);
+  // batch norm's forms (their backwards: the generic list below)
+  for (const char* op : {"native_batch_norm", "_native_batch_norm_legit",
+                         "_native_batch_norm_legit.no_stats", "_native_batch_norm_legit_no_training",
+                         "_batch_norm_with_update", "_batch_norm_no_update"}) {
+    reg.impl(Path::kGeneric, op, torch::CppFunction::makeFromBoxedFunction<&batch_norm_kernel>());
+  }
+  reg.impl(Path::kGeneric, "native_group_norm",
+           torch::CppFunction::makeFromBoxedFunction<&group_norm_kernel>());
+  reg.impl(Path::kGeneric, "native_group_norm_backward",
+           torch::CppFunction::makeFromBoxedFunction<&group_norm_backward_kernel>());
+  // batch norm's backwards, weight norm (Wav2Vec2's positional convolution), renorm
+  reg.generic({
+      "native_batch_norm_backward", "batch_norm_backward", "renorm.out",
+      "_weight_norm_interface", "_weight_norm_interface_backward"
+  });
 }
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
-  m.impl("rms_norm", rms_norm_autograd);
+  OpRegistrar reg(m, "normalization", c10::DispatchKey::AutogradPrivateUse1);
+  reg.impl(Path::kFused, "rms_norm", rms_norm_autograd);
 }
 
-}  // namespace
 }  // namespace at::axon
-
-namespace at::native {
-REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &at::axon::fusedSdpChoice)
-}  // namespace at::native

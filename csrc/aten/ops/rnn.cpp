@@ -1,5 +1,6 @@
-// The fused LSTM and GRU cells.  ATen's lstm_cell / gru_cell (and so nn.LSTM,
-// nn.GRU and their cells) call _thnn_fused_lstm_cell / _thnn_fused_gru_cell
+// Recurrent cells: the fused LSTM and GRU cells (path: fused kernel, here a
+// composition of axon ops, each stream work).  ATen's lstm_cell / gru_cell
+// (and so nn.LSTM, nn.GRU and their cells) call _thnn_fused_lstm_cell / _thnn_fused_gru_cell
 // on CUDA, XPU and PrivateUse1 devices; only CUDA has kernels for them, so on
 // axon every RNN raised "Could not run 'aten::_thnn_fused_lstm_cell' with
 // arguments from the 'CPU' backend" (the fallback's CPU redispatch).  Here
@@ -13,6 +14,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
+
+#include "../Registry.h"
 
 namespace at::axon {
 namespace {
@@ -106,12 +109,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru
           std::move(grad_input_bias), std::move(grad_hidden_bias)};
 }
 
+}  // namespace
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_thnn_fused_lstm_cell", &fused_lstm_cell);
-  m.impl("_thnn_fused_lstm_cell_backward_impl", &fused_lstm_cell_backward);
-  m.impl("_thnn_fused_gru_cell", &fused_gru_cell);
-  m.impl("_thnn_fused_gru_cell_backward", &fused_gru_cell_backward);
+  OpRegistrar reg(m, "rnn");
+  reg.impl(Path::kFused, "_thnn_fused_lstm_cell", &fused_lstm_cell);
+  reg.impl(Path::kFused, "_thnn_fused_lstm_cell_backward_impl", &fused_lstm_cell_backward);
+  reg.impl(Path::kFused, "_thnn_fused_gru_cell", &fused_gru_cell);
+  reg.impl(Path::kFused, "_thnn_fused_gru_cell_backward", &fused_gru_cell_backward);
 }
 
-}  // namespace
 }  // namespace at::axon

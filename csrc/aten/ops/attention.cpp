@@ -1,0 +1,204 @@
+// Attention: scaled-dot-product attention.
+//   fused kernel (kernels/attention.h): _fused_sdp_choice_stub has a
+//     PrivateUse1 kernel choosing the `overrideable` backend for 4-d inputs of
+//     float32/bfloat16/float16 (causal, boolean or additive masks, grouped-query
+//     heads, dropout); _scaled_dot_product_fused_attention_overrideable and its
+//     backward run flash-style tiles with an online softmax.  Other inputs take
+//     PyTorch's math path (compositions of axon ops).
+#include <cmath>
+
+#include <ATen/SDPBackend.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <torch/library.h>
+
+#include <axon/kernels/attention.h>
+
+#include "../../core/AxonGenerator.h"
+#include "../Kernels.h"
+#include "../Launch.h"
+#include "../OpDevice.h"
+#include "../Registry.h"
+
+namespace at::axon {
+namespace {
+
+namespace k = ::axon::kernels;
+
+// ------------------------------------------------------------ attention
+
+k::Strides4 strides4(const at::Tensor& t) {
+  return {{t.stride(0), t.stride(1), t.stride(2), t.stride(3)}};
+}
+
+// SDPA's backend choice for axon tensors (registered as the PrivateUse1
+// kernel of _fused_sdp_choice_stub): our fused kernel for 4-d inputs of
+// one kernel dtype, with an additive mask or none (boolean masks arrive
+// converted to additive ones); else PyTorch's math path.
+}  // namespace
+
+int64_t fusedSdpChoice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double /*dropout_p*/,
+                         bool /*is_causal*/, std::optional<double> /*scale*/, bool enable_gqa) {
+  const auto math = static_cast<int64_t>(at::SDPBackend::math);
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return math;
+  if (!kernelDType(q.scalar_type()) || k.scalar_type() != q.scalar_type() ||
+      v.scalar_type() != q.scalar_type()) {
+    return math;
+  }
+  if (q.size(0) != k.size(0) || k.size(0) != v.size(0) || k.size(1) != v.size(1) ||
+      k.size(2) != v.size(2) || q.size(3) != k.size(3)) {
+    return math;  // the math path raises PyTorch's shape errors
+  }
+  if (q.size(1) != k.size(1) && (!enable_gqa || k.size(1) == 0 || q.size(1) % k.size(1) != 0)) {
+    return math;
+  }
+  if (mask.has_value() && mask->defined()) {
+    if (mask->requires_grad() || mask->dim() > 4) return math;
+    if (mask->scalar_type() != at::kBool && !kernelDType(mask->scalar_type())) return math;
+  }
+  if (q.requires_grad() || k.requires_grad() || v.requires_grad()) {
+    if (q.numel() == 0 || k.numel() == 0) return math;
+  }
+  return static_cast<int64_t>(at::SDPBackend::overrideable);
+}
+
+namespace {
+
+k::AttentionShape attention_shape(const at::Tensor& q, const at::Tensor& k,
+                                  const at::Tensor& v) {
+  return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+}
+
+// The mask as the kernel reads it: broadcast to [batch, q heads, q, kv] (a
+// view; the data stays the mask's).
+k::AttentionMask attention_mask(const at::Tensor& mask, const k::AttentionShape& s) {
+  k::AttentionMask m;
+  if (!mask.defined()) return m;
+  const at::Tensor expanded = mask.expand({s.batch, s.q_heads, s.q_len, s.kv_len});
+  if (mask.scalar_type() == at::kBool) {
+    m.kind = k::MaskKind::kBool;
+  } else {
+    m.kind = k::MaskKind::kAdditive;
+    m.dt = *kernelDType(mask.scalar_type());
+  }
+  m.data = expanded.const_data_ptr();
+  m.strides = strides4(expanded);
+  return m;
+}
+
+// A result of shape `sizes` laid out like q: empty_like(q) when the shapes
+// match (q's strides if q is dense), else q's dimension order (Meta's
+// alloc_with_matching_layout).
+at::Tensor like_query(const at::Tensor& q, c10::IntArrayRef sizes, c10::DeviceIndex device) {
+  if (q.sizes() == sizes) return emptyDeviceLike(q, q.scalar_type());
+  std::array<int64_t, 4> order{0, 1, 2, 3};
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return q.stride(a) > q.stride(b); });
+  std::array<int64_t, 4> strides{};
+  int64_t stride = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    strides[*it] = stride;
+    stride *= sizes[*it];
+  }
+  return emptyDevice(sizes, strides, q.scalar_type(), device);
+}
+
+using SdpaOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt,
+                               c10::SymInt, at::Tensor, at::Tensor, at::Tensor>;
+
+SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask_opt, double dropout_p,
+                         bool is_causal, bool /*return_debug_mask*/,
+                         std::optional<double> scale) {
+  const at::Tensor mask = mask_opt.value_or(at::Tensor());
+  const auto device = opDevice("aten::_scaled_dot_product_fused_attention_overrideable",
+                                     q, {&k, &v, &mask});
+  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
+  const int64_t S = k.size(2), Dv = v.size(3);
+  // The output follows the query's layout, as the Meta kernel says (for
+  // Hugging Face's [B, L, H, D]-ordered queries: [B, L, H, Dv] memory order,
+  // so the transpose(1, 2) before the output projection is already contiguous).
+  at::Tensor out = like_query(q, {B, Hq, L, Dv}, device);
+  at::Tensor lse = emptyDevice({B, Hq, L}, at::kFloat, device);
+  uint64_t seed = 0, offset = 0;
+  if (dropout_p > 0) {
+    at::Generator gen = getDefaultAxonGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    std::tie(seed, offset) = gen.get<AxonGeneratorImpl>()->reserve(
+        static_cast<uint64_t>(B * Hq * L * S));
+  }
+  auto cpu_long = [](uint64_t x) {
+    return at::scalar_tensor(static_cast<int64_t>(x), at::TensorOptions().dtype(at::kLong));
+  };
+  at::Tensor philox_seed = cpu_long(seed), philox_offset = cpu_long(offset);
+  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
+  if (out.numel() > 0) {
+    const k::AttentionShape shape = attention_shape(q, k, v);
+    k::AttentionParams params{sc, is_causal, dropout_p, seed, offset};
+    launch(device, "aten::_scaled_dot_product_fused_attention_overrideable",
+           [=, dt = *kernelDType(q.scalar_type()), m = attention_mask(mask, shape),
+            qp = q.const_data_ptr(), kp = k.const_data_ptr(), vp = v.const_data_ptr(),
+            op = out.data_ptr(), lp = lse.data_ptr<float>(), qs = strides4(q), ks = strides4(k),
+            vs = strides4(v), os = strides4(out)] {
+             k::attention_forward(dt, shape, params, qp, qs, kp, ks, vp, vs, m, op, os, lp);
+           }, kernelThreads(q.numel() + k.numel() + v.numel() + out.numel()));
+  }
+  return {out, lse, at::Tensor(), at::Tensor(), c10::SymInt(L), c10::SymInt(S), philox_seed,
+          philox_offset, at::Tensor()};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& mask, std::array<bool, 4> grad_mask, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& /*cum_seq_q*/, const at::Tensor& /*cum_seq_k*/,
+    int64_t /*max_q*/, int64_t /*max_k*/, double dropout_p, bool is_causal,
+    const at::Tensor& philox_seed, const at::Tensor& philox_offset,
+    std::optional<double> scale) {
+  const auto device = opDevice(
+      "aten::_scaled_dot_product_fused_attention_overrideable_backward", q,
+      {&grad_out, &k, &v, &mask, &out, &lse});
+  TORCH_CHECK(!grad_mask[3] || !mask.defined(),
+              "axon: the fused attention kernel does not compute the mask's gradient");
+  const int64_t D = q.size(3);
+  // Gradients laid out like their inputs (empty_like, as the Meta kernel).
+  at::Tensor dq = like_query(q, q.sizes(), device);
+  at::Tensor dk = like_query(k, k.sizes(), device);
+  at::Tensor dv = like_query(v, v.sizes(), device);
+  const uint64_t seed = philox_seed.defined() ? philox_seed.item<int64_t>() : 0;
+  const uint64_t offset = philox_offset.defined() ? philox_offset.item<int64_t>() : 0;
+  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
+  const at::Tensor dout = grad_out.scalar_type() == q.scalar_type() ? grad_out
+                                                                      : grad_out.to(q.scalar_type());
+  if (dq.numel() + dk.numel() + dv.numel() > 0) {
+    const k::AttentionShape shape = attention_shape(q, k, v);
+    k::AttentionParams params{sc, is_causal, dropout_p, seed, offset};
+    launch(device, "aten::_scaled_dot_product_fused_attention_overrideable_backward",
+           [=, dt = *kernelDType(q.scalar_type()), m = attention_mask(mask, shape),
+            gp = dout.const_data_ptr(), qp = q.const_data_ptr(), kp = k.const_data_ptr(),
+            vp = v.const_data_ptr(), op = out.const_data_ptr(), lp = lse.const_data_ptr<float>(),
+            dqp = dq.data_ptr(), dkp = dk.data_ptr(), dvp = dv.data_ptr(), gs = strides4(dout),
+            qs = strides4(q), ks = strides4(k), vs = strides4(v), os = strides4(out),
+            dqs = strides4(dq), dks = strides4(dk), dvs = strides4(dv)] {
+             k::attention_backward(dt, shape, params, gp, gs, qp, qs, kp, ks, vp, vs, m, op, os,
+                                   lp, dqp, dqs, dkp, dks, dvp, dvs);
+           }, kernelThreads(2 * (q.numel() + k.numel() + v.numel()) + out.numel()));
+  }
+  return {dq, dk, dv, at::Tensor()};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  OpRegistrar reg(m, "attention");
+  reg.impl(Path::kFused, "_scaled_dot_product_fused_attention_overrideable", sdpa_forward);
+  reg.impl(Path::kFused, "_scaled_dot_product_fused_attention_overrideable_backward",
+           sdpa_backward);
+}
+
+}  // namespace at::axon
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &at::axon::fusedSdpChoice)
+}  // namespace at::native

@@ -1,0 +1,178 @@
+// Linear algebra: matrix products (mm, bmm, addmm, baddbmm, dot, addmv ...),
+// distances, triangular solves, addr.
+//   fused kernel: mm/addmm (and their out=) of up to 8 rows by a transposed
+//     weight (F.linear when decoding) run kernels/linear; other shapes take
+//     the structured path (StructuredKernel.h) to ATen's GEMM;
+//   native stream kernels: bmm, baddbmm (structured); addr.out (device checks,
+//     then ATen's composite);
+//   generic stream kernel: the rest.  LAPACK-based ops stay in the fallback.
+#include <ATen/ops/addr_native.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/addmm_meta.h>
+#include <ATen/ops/baddbmm_cpu_dispatch.h>
+#include <ATen/ops/baddbmm_meta.h>
+#include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/bmm_meta.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
+#include <ATen/ops/mm_meta.h>
+#include <torch/library.h>
+
+#include <axon/kernels/linear.h>
+
+#include "../CpuKernel.h"
+#include "../Kernels.h"
+#include "../OpDevice.h"
+#include "../Registry.h"
+#include "../StructuredKernel.h"
+
+namespace at::axon {
+namespace {
+
+using namespace structured;
+
+// ------------------------------------------------------------ linear layers
+
+// mm / addmm of a few rows by a transposed weight (x @ W^T, what F.linear
+// gives for decoding), float32, bfloat16 or float16: kernels/linear.h, which
+// reads the weight at memory speed.  Everything else: ATen's kernel (MKL,
+// oneDNN).
+struct MmName {
+  static const char* value() { return "aten::mm"; }
+};
+struct AddmmName {
+  static const char* value() { return "aten::addmm"; }
+};
+
+bool small_linear(const at::Tensor& a, const at::Tensor& b) {
+  return a.dim() == 2 && b.dim() == 2 && kernelDType(a.scalar_type()).has_value() &&
+         b.scalar_type() == a.scalar_type() && a.device() == b.device() &&
+         a.device().type() == kAxon && a.size(0) >= 1 &&
+         a.size(0) <= ::axon::kernels::kLinearMaxRows && a.size(1) == b.size(0) &&
+         a.size(1) > 0 && b.size(1) > 0 && a.stride(1) == 1 &&
+         (a.size(0) == 1 || a.stride(0) >= a.size(1)) && b.stride(0) == 1 &&
+         (b.size(1) == 1 || b.stride(1) >= b.size(0));
+}
+
+constexpr int64_t kParallelLinearElements = int64_t{4} << 20;
+
+void launch_small_linear_into(const at::Tensor& a, const at::Tensor& b, const void* bias,
+                              at::Tensor& out, const char* name) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  launch(a.device().index(), name,
+         [=, dt = *kernelDType(a.scalar_type()), ap = a.const_data_ptr(),
+          lda = a.stride(0), wp = b.const_data_ptr(), ldw = b.stride(1), op = out.data_ptr(),
+          ldo = out.stride(0)] {
+           ::axon::kernels::linear_small_m(dt, m, n, k, ap, lda, wp, ldw, bias, op, ldo);
+         },
+         // Memory-bound: one thread reads the weight at ~30 GB/s here and
+         // leaves the other core to the host dispatching the next ops.  A
+         // weight of 4M elements or more (16 MiB in float32, 8 MiB in 16-bit
+         // types; an output projection: 0.5 ms and up) is worth waking the
+         // team for: two threads read ~60 GB/s, and the
+         // host has nothing left to dispatch for that long (decode step of a
+         // 56M Llama, 65 MB lm_head: eager 9.0 -> 8.3 ms, compiled 7.3 -> 6.3
+         // ms; every linear on the team was slower, 9.7 / 8.0 ms).
+         /*threads=*/n * k >= kParallelLinearElements ? 0 : 1);
+}
+
+at::Tensor launch_small_linear(const at::Tensor& a, const at::Tensor& b, const void* bias,
+                               const char* name) {
+  at::Tensor out = emptyDevice({a.size(0), b.size(1)}, {b.size(1), 1}, a.scalar_type(),
+                               a.device().index());
+  launch_small_linear_into(a, b, bias, out, name);
+  return out;
+}
+
+// An out= result the small-M kernel can write as is: rows of a's dtype and the
+// right shape, unit column stride, sharing no memory with the operands
+// (otherwise ATen's out= path: resize, overlap checks, MKL).
+bool small_linear_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
+  return out.scalar_type() == a.scalar_type() && out.device() == a.device() && out.dim() == 2 &&
+         out.size(0) == a.size(0) && out.size(1) == b.size(1) && out.stride(1) == 1 &&
+         (out.size(0) == 1 || out.stride(0) >= out.size(1)) && !out.is_alias_of(a) &&
+         !out.is_alias_of(b);
+}
+
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  if (!small_linear(a, b)) {
+    return Functional<at::meta::structured_mm, 1, MmName, T(const T&, const T&),
+                      &at::cpu::mm_outf>::run(a, b);
+  }
+  return launch_small_linear(a, b, nullptr, MmName::value());
+}
+
+at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
+                 const at::Scalar& beta, const at::Scalar& alpha) {
+  const bool plain = !beta.isComplex() && !alpha.isComplex() && beta.toDouble() == 1.0 &&
+                     alpha.toDouble() == 1.0;
+  if (!plain || !small_linear(a, b) || bias.dim() != 1 || bias.scalar_type() != a.scalar_type() ||
+      bias.device() != a.device() || bias.size(0) != b.size(1) || bias.stride(0) != 1) {
+    return Functional<at::meta::structured_addmm, 1, AddmmName,
+                      T(const T&, const T&, const T&, const S&, const S&),
+                      &at::cpu::addmm_outf>::run(bias, a, b, beta, alpha);
+  }
+  return launch_small_linear(a, b, bias.const_data_ptr(), AddmmName::value());
+}
+
+// out= forms (what torch.compile's generated code calls: extern_kernels.mm(a, b, out=buf)).
+at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (small_linear(a, b) && small_linear_out(a, b, out)) {
+    launch_small_linear_into(a, b, nullptr, out, MmName::value());
+    return out;
+  }
+  return Structured<at::meta::structured_mm, 1, MmName, &at::cpu::mm_outf>::run(a, b, out);
+}
+
+at::Tensor& addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
+                      const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
+  const bool plain = !beta.isComplex() && !alpha.isComplex() && beta.toDouble() == 1.0 &&
+                     alpha.toDouble() == 1.0;
+  if (plain && small_linear(a, b) && small_linear_out(a, b, out) && bias.dim() == 1 &&
+      bias.scalar_type() == a.scalar_type() && bias.device() == a.device() &&
+      bias.size(0) == b.size(1) && bias.stride(0) == 1 && !out.is_alias_of(bias)) {
+    launch_small_linear_into(a, b, bias.const_data_ptr(), out, AddmmName::value());
+    return out;
+  }
+  return Structured<at::meta::structured_addmm, 1, AddmmName, &at::cpu::addmm_outf>::run(
+      bias, a, b, beta, alpha, out);
+}
+
+// ------------------------------------------------------------ out= checks
+
+// addr.out: ATen's kernel for backends other than CPU, CUDA and MPS
+// (math_addr_out, CompositeExplicitAutograd) computes addr and copies it into
+// out wherever out lives, so a CPU out= was silently written.  Check the
+// devices first, as CUDA's kernel does (TensorIterator: CPU scalars only among
+// the inputs), then run it.
+at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
+                     const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
+  static constexpr const char* op = "aten::addr.out";
+  const c10::DeviceIndex device = firstAxonDevice(vec1, vec2, self, out);
+  for (const at::Tensor* t : {&self, &vec1, &vec2}) checkSameDevice(op, device, *t);
+  TORCH_CHECK(out.device() == c10::Device(kAxon, device),
+              "Expected all tensors to be on the same device, but found at least two devices, ",
+              c10::Device(kAxon, device), " and ", out.device(),
+              "! (when checking arguments for ", op, ")");
+  return at::native::math_addr_out(self, vec1, vec2, beta, alpha, out);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  OpRegistrar reg(m, "linalg");
+  reg.impl(Path::kFused, "mm.out", TORCH_FN(mm_out));
+  OUT("bmm.out", 1, bmm, bmm_outf);
+  reg.impl(Path::kFused, "addmm.out", TORCH_FN(addmm_out));
+  OUT("baddbmm.out", 1, baddbmm, baddbmm_outf);
+  reg.impl(Path::kFused, "mm", TORCH_FN(mm));
+  FUNC("bmm", 1, bmm, FBinaryT, bmm_outf);
+  reg.impl(Path::kFused, "addmm", TORCH_FN(addmm));
+  reg.impl(Path::kNative, "addr.out", addr_out);
+  reg.generic({
+      "linalg_solve_triangular", "linalg_solve_triangular.out", "_cdist_forward",
+      "_cdist_backward", "linalg_cross.out", "dot", "vdot", "trace", "addmv.out", "addbmm",
+      "addbmm.out", "_pdist_forward", "_pdist_backward"
+  });
+}
+
+}  // namespace at::axon

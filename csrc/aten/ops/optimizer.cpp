@@ -1,0 +1,173 @@
+// Optimizer steps: the fused Adam/AdamW step (torch.optim's fused=True), and
+// GradScaler's unscale-and-check and scale update (fp16 training steps).
+//   fused kernel (kernels/optimizer.h): _fused_adam_, _fused_adamw_;
+//   generic stream kernel: the _amp_* ops.
+#include <torch/library.h>
+
+#include <axon/kernels/dtype.h>
+#include <axon/kernels/optimizer.h>
+
+#include "../Kernels.h"
+#include "../Launch.h"
+#include "../OpDevice.h"
+#include "../Registry.h"
+
+namespace at::axon {
+namespace {
+
+namespace k = ::axon::kernels;
+
+// ------------------------------------------------------------ Adam / AdamW
+
+// g /= scale in place, any kernel dtype (in float32 chunks for half types).
+void unscale(k::DType dt, int64_t n, void* g, float scale) {
+  if (dt == k::DType::kFloat32) {
+    float* f = static_cast<float*>(g);
+    for (int64_t i = 0; i < n; ++i) f[i] /= scale;
+    return;
+  }
+  constexpr int64_t kChunk = 4096;
+  float buf[kChunk];
+  char* bytes = static_cast<char*>(g);
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t len = std::min(kChunk, n - i);
+    void* at = bytes + i * 2;  // bfloat16 / float16: 2 bytes
+    k::convert_to_float(dt, at, len, buf);
+    for (int64_t j = 0; j < len; ++j) buf[j] /= scale;
+    k::convert_from_float(dt, buf, len, at);
+  }
+}
+
+void fused_adam_impl(const char* name, at::TensorList params, at::TensorList grads,
+                     at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                     at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr,
+                     const at::Tensor& lr_tensor, double beta1, double beta2,
+                     double weight_decay, double eps, bool amsgrad, bool maximize,
+                     const std::optional<at::Tensor>& grad_scale,
+                     const std::optional<at::Tensor>& found_inf, bool decoupled) {
+  const size_t n = params.size();
+  TORCH_CHECK(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n &&
+                  steps.size() == n && (!amsgrad || max_exp_avg_sqs.size() == n),
+              name, ": tensor lists must have the same length");
+  if (n == 0) return;
+  const auto device = opDevice(name, params[0], {});
+  // Every list element on the parameters' device (CPU scalars are not taken
+  // here, unlike in elementwise ops).
+  auto same_device = [&](const at::Tensor& t) {
+    TORCH_CHECK(t.device() == params[0].device(),
+                "Expected all tensors to be on the same device, but found at least two devices, ",
+                params[0].device(), " and ", t.device(), "! (when checking arguments for ", name,
+                ")");
+  };
+  struct Item {
+    k::DType dt;
+    int64_t numel;
+    void* p;
+    const void* g;
+    void* m;
+    void* v;
+    void* vmax;
+    const float* step;
+  };
+  std::vector<Item> items;
+  int64_t elements = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor* group[] = {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]};
+    for (const at::Tensor* t : group) {
+      same_device(*t);
+      TORCH_CHECK(t->is_contiguous() && t->scalar_type() == params[i].scalar_type() &&
+                      t->numel() == params[i].numel(),
+                  name, ": parameters, gradients and states must be contiguous, of one dtype "
+                  "and size");
+    }
+    const auto dt = kernelDType(params[i].scalar_type());
+    TORCH_CHECK(dt.has_value(), name, ": unsupported dtype ", params[i].scalar_type());
+    same_device(steps[i]);
+    TORCH_CHECK(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat, name,
+                ": state_steps must be float32 scalars");
+    void* vmax = nullptr;
+    if (amsgrad) {
+      const at::Tensor& v = max_exp_avg_sqs[i];
+      same_device(v);
+      TORCH_CHECK(v.is_contiguous() &&
+                      v.scalar_type() == params[i].scalar_type() && v.numel() == params[i].numel(),
+                  name, ": max_exp_avg_sqs must match the parameters");
+      vmax = max_exp_avg_sqs[i].data_ptr();
+    }
+    elements += params[i].numel();
+    items.push_back({*dt, params[i].numel(), params[i].data_ptr(), grads[i].const_data_ptr(),
+                     exp_avgs[i].data_ptr(), exp_avg_sqs[i].data_ptr(), vmax,
+                     steps[i].const_data_ptr<float>()});
+  }
+  // Scalars given as CPU tensors are copied to the device now (the kernel
+  // reads them later); the copies live until the launch below.
+  std::vector<at::Tensor> scalars;
+  auto float_ptr = [&](const std::optional<at::Tensor>& t, const char* what) -> const float* {
+    if (!t.has_value() || !t->defined()) return nullptr;
+    checkSameDevice(name, device, *t);
+    TORCH_CHECK(t->numel() == 1 && t->scalar_type() == at::kFloat, name, ": ", what,
+                " must be a float32 scalar");
+    scalars.push_back(t->is_cpu() ? t->to(c10::Device(kAxon, device)) : *t);
+    return scalars.back().const_data_ptr<float>();
+  };
+  const float* scale = float_ptr(grad_scale, "grad_scale");
+  const float* inf = float_ptr(found_inf, "found_inf");
+  const float* lr_ptr = float_ptr(lr_tensor.defined() ? std::optional<at::Tensor>(lr_tensor)
+                                                      : std::nullopt, "lr");
+  k::AdamParams ap{lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled};
+  launch(device, name, [items = std::move(items), ap, scale, inf,
+                        lr_ptr]() mutable {
+    if (lr_ptr != nullptr) ap.lr = *lr_ptr;
+    for (const Item& it : items) {
+      k::adam_step(it.dt, it.numel, it.p, it.g, it.m, it.v, it.vmax, *it.step, ap, scale, inf);
+    }
+    // As ATen's fused kernels, leave the gradients unscaled (grad / grad_scale)
+    // when the step was taken.
+    if (scale != nullptr && (inf == nullptr || *inf == 0.0f)) {
+      for (const Item& it : items) unscale(it.dt, it.numel, const_cast<void*>(it.g), *scale);
+    }
+  }, kernelThreads(4 * elements));
+}
+
+// The four registered forms: Adam or AdamW (Decoupled), lr a double or a
+// tensor (a CPU tensor is read now; a device one by the kernel).
+template <bool Decoupled>
+void fused_adam_double_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                          at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                          at::TensorList steps, double lr, double beta1, double beta2,
+                          double weight_decay, double eps, bool amsgrad, bool maximize,
+                          const std::optional<at::Tensor>& grad_scale,
+                          const std::optional<at::Tensor>& found_inf) {
+  fused_adam_impl(Decoupled ? "aten::_fused_adamw_" : "aten::_fused_adam_", params, grads,
+                  exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, {}, beta1, beta2,
+                  weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, Decoupled);
+}
+
+template <bool Decoupled>
+void fused_adam_tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                          at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                          at::TensorList steps, const at::Tensor& lr, double beta1, double beta2,
+                          double weight_decay, double eps, bool amsgrad, bool maximize,
+                          const std::optional<at::Tensor>& grad_scale,
+                          const std::optional<at::Tensor>& found_inf) {
+  const bool on_host = lr.is_cpu();
+  fused_adam_impl(Decoupled ? "aten::_fused_adamw_" : "aten::_fused_adam_", params, grads,
+                  exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+                  on_host ? lr.item<double>() : 0.0, on_host ? at::Tensor() : lr, beta1, beta2,
+                  weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, Decoupled);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  OpRegistrar reg(m, "optimizer");
+  reg.impl(Path::kFused, "_fused_adamw_", fused_adam_double_lr<true>);
+  reg.impl(Path::kFused, "_fused_adamw_.tensor_lr", fused_adam_tensor_lr<true>);
+  reg.impl(Path::kFused, "_fused_adam_", fused_adam_double_lr<false>);
+  reg.impl(Path::kFused, "_fused_adam_.tensor_lr", fused_adam_tensor_lr<false>);
+  reg.generic({
+      "_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_"
+  });
+}
+
+}  // namespace at::axon

@@ -1,0 +1,109 @@
+// Tensor <-> axon::comm conversions (see CommTypes.h).
+#include "CommTypes.h"
+
+#include <ATen/ops/from_blob.h>
+#include <c10/util/Exception.h>
+
+#include <axon/runtime.h>
+
+namespace at::axon {
+
+namespace comm = ::axon::comm;
+
+void throwDistError(const std::string& message) {
+  C10_THROW_ERROR(DistBackendError, message);
+}
+
+comm::DType toCommDType(at::ScalarType type, const char* op) {
+  switch (type) {
+    case at::kFloat: return comm::DType::kFloat32;
+    case at::kDouble: return comm::DType::kFloat64;
+    case at::kHalf: return comm::DType::kFloat16;
+    case at::kBFloat16: return comm::DType::kBFloat16;
+    case at::kChar: return comm::DType::kInt8;
+    case at::kByte: return comm::DType::kUInt8;
+    case at::kShort: return comm::DType::kInt16;
+    case at::kInt: return comm::DType::kInt32;
+    case at::kLong: return comm::DType::kInt64;
+    case at::kBool: return comm::DType::kBool;
+    case at::kComplexFloat: return comm::DType::kFloat32;   // as (re, im) pairs
+    case at::kComplexDouble: return comm::DType::kFloat64;
+    default:
+      TORCH_CHECK_TYPE(false, "ProcessGroupAxon: ", op, " does not support tensors of dtype ",
+                       type);
+  }
+}
+
+Reduction toCommReduction(const c10d::ReduceOp& reduce_op, const at::Tensor& t, const char* op) {
+  using R = c10d::ReduceOp;
+  Reduction r;
+  switch (reduce_op.op_) {
+    case R::SUM: r.op = comm::ReduceOp::kSum; break;
+    case R::AVG: r.op = comm::ReduceOp::kAvg; break;
+    case R::PRODUCT: r.op = comm::ReduceOp::kProduct; break;
+    case R::MIN: r.op = comm::ReduceOp::kMin; break;
+    case R::MAX: r.op = comm::ReduceOp::kMax; break;
+    case R::BAND: r.op = comm::ReduceOp::kBand; break;
+    case R::BOR: r.op = comm::ReduceOp::kBor; break;
+    case R::BXOR: r.op = comm::ReduceOp::kBxor; break;
+    case R::PREMUL_SUM: {
+      r.op = comm::ReduceOp::kPremulSum;
+      auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(reduce_op.supplement_.get());
+      TORCH_CHECK(s != nullptr, "ProcessGroupAxon: PREMUL_SUM without a factor");
+      r.factor = s->tensor_factor.defined() ? s->tensor_factor.to(at::kCPU).item<double>()
+                                            : s->double_factor;
+      break;
+    }
+    default:
+      TORCH_CHECK(false, "ProcessGroupAxon: ", op, " does not support this ReduceOp");
+  }
+  if (t.is_complex()) {
+    TORCH_CHECK(r.op == comm::ReduceOp::kSum || r.op == comm::ReduceOp::kAvg ||
+                    r.op == comm::ReduceOp::kPremulSum,
+                "ProcessGroupAxon: ", op, " of complex tensors supports only SUM and AVG");
+  }
+  try {
+    comm::check_reduce(toCommDType(t.scalar_type(), op), r.op);
+  } catch (const comm::CommError& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  return r;
+}
+
+size_t commCount(const at::Tensor& t) {
+  return static_cast<size_t>(t.numel()) * (t.is_complex() ? 2 : 1);
+}
+
+size_t byteCount(const at::Tensor& t) { return t.numel() * t.element_size(); }
+
+char* dataPtr(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+
+int dtypeTag(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kChar:
+    case at::kByte: case at::kShort: case at::kInt: case at::kLong: case at::kBool:
+    case at::kComplexFloat: case at::kComplexDouble:
+      return static_cast<int>(toCommDType(t.scalar_type(), "signature"));
+    default:
+      return -1;
+  }
+}
+
+std::optional<comm::SharedBuffer> sharedBuffer(const at::Tensor& t) {
+  ::axon::rt::MemoryExport ex;
+  if (t.numel() == 0 || !::axon::rt::memory_export(t.data_ptr(), &ex)) return std::nullopt;
+  return comm::SharedBuffer{ex.fd, ex.id, ex.size, ex.offset};
+}
+
+at::Tensor cpuView(const at::Tensor& t) {
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(),
+                       at::TensorOptions().dtype(t.dtype()).device(at::kCPU));
+}
+
+std::vector<at::Tensor> cpuViews(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : ts) out.push_back(cpuView(t));
+  return out;
+}
+
+}  // namespace at::axon

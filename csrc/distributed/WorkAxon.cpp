@@ -1,0 +1,81 @@
+// WorkAxon (see WorkAxon.h).
+#include "WorkAxon.h"
+
+#include <c10/util/Exception.h>
+
+#include "../core/AxonRuntime.h"
+#include "../core/AxonStream.h"
+#include "CommTypes.h"
+
+namespace at::axon {
+
+void OpState::setError(const std::string& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.empty()) error_ = e;
+}
+
+std::string OpState::error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+WorkAxon::WorkAxon(int rank, c10d::OpType type, const char* profiling_title,
+                   c10::DeviceIndex device, std::shared_ptr<OpState> state, c10::Event end,
+                   c10::intrusive_ptr<c10::ivalue::Future> future,
+                   std::vector<at::Tensor> outputs, bool ran_inline)
+    : c10d::Work(rank, type, profiling_title),
+      ran_inline_(ran_inline),
+      device_(device),
+      state_(std::move(state)),
+      end_(std::move(end)),
+      future_(std::move(future)),
+      outputs_(std::move(outputs)) {}
+
+bool WorkAxon::isCompleted() { return end_.query(); }
+
+bool WorkAxon::isSuccess() const {
+  return const_cast<c10::Event&>(end_).query() && state_->error().empty();
+}
+
+std::exception_ptr WorkAxon::exception() const {
+  std::string e = state_->error();
+  if (e.empty()) return nullptr;
+  return std::make_exception_ptr(c10::DistBackendError(
+      c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, e));
+}
+
+std::vector<at::Tensor> WorkAxon::result() { return outputs_; }
+
+bool WorkAxon::wait(std::chrono::milliseconds /*timeout*/) {
+  std::string e = state_->error();
+  if (!e.empty()) throwDistError(e);
+  // Finished already (or before the call returned): nothing to order, and
+  // its error, if any, was raised above.
+  if (ran_inline_ || end_.query()) return true;
+  c10::Stream current = getCurrentAxonStream(device_);
+  end_.block(current);
+  auto state = state_;
+  rt_call([&] {
+    ::axon::rt::launch(to_rt(current), "c10d::wait (axon)", [state] {
+      std::string err = state->error();
+      if (!err.empty()) throw std::runtime_error(err);
+    });
+  });
+  return true;
+}
+
+void WorkAxon::synchronize() { wait(kNoTimeout); }
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkAxon::getFuture() { return future_; }
+
+void WorkAxon::hostWait() {
+  try {
+    end_.synchronize();
+  } catch (const std::exception&) {
+    // The communication stream's pending error is the collective's.
+  }
+  std::string e = state_->error();
+  if (!e.empty()) throwDistError(e);
+}
+
+}  // namespace at::axon

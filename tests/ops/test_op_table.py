@@ -1,0 +1,109 @@
+"""The op table (torch_axon.ops, docs/OPS.md): every axon registration, one path each.
+
+Source: csrc/aten/Registry.h (the registrar every family file under csrc/aten/ops/
+registers through) and torch_axon/ops.py (the table and its command line).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT
+from torch_axon import _C, ops
+
+PATHS = {"structural", "native stream kernel", "generic stream kernel", "fused kernel",
+         "collective", "fallback"}
+
+
+@pytest.fixture(scope="module")
+def table():
+    return ops.op_table()
+
+
+def test_every_privateuse1_registration_has_one_path(table):
+    registered = set(torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"))
+    rows = collections.defaultdict(list)
+    for r in table:
+        rows[r.op].append(r)
+    for op in sorted(registered):
+        assert len(rows[op]) == 1, f"{op}: {rows[op]}"
+        assert rows[op][0].path in PATHS - {"fallback"}, rows[op]
+    # Every registration of ours is recorded (none left to "unrecorded"), with a
+    # family and a source file that exists.
+    assert not [r for r in table if r.path not in PATHS]
+    for r in table:
+        if r.path in ("fallback", "collective"):
+            continue
+        assert r.family and r.family != "-", r
+        assert os.path.isfile(os.path.join(REPO_ROOT, r.file)), r
+
+
+def test_table_names_only_registered_ops(table):
+    registered = {
+        key: set(torch._C._dispatch_get_registrations_for_dispatch_key(key))
+        for key in ("PrivateUse1", "AutogradPrivateUse1")
+    }
+    for r in table:
+        if r.path == "fallback":
+            assert r.op not in registered["PrivateUse1"], r
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(r.op, "CPU"), r
+            continue
+        if r.op.endswith("]"):
+            name, key = r.op[:-1].split("[")
+            assert name in registered[key], r
+        else:
+            assert r.op in registered["PrivateUse1"], r
+
+
+def test_registry_records_each_op_once():
+    # The registrar aborts the import on a second registration of (op, key);
+    # this checks its records, which the table is made of.
+    records = [(op, key) for op, key, *_ in _C._op_table()]
+    duplicates = [k for k, n in collections.Counter(records).items() if n > 1]
+    assert not duplicates
+    assert len(records) > 400
+
+
+def test_paths_and_families_of_known_ops(table):
+    by_op = {r.op: r for r in table}
+    assert by_op["aten::empty.memory_format"][1:3] == ("structural", "copy_view_factory")
+    assert by_op["aten::add.Tensor"][1:3] == ("native stream kernel", "elementwise")
+    assert by_op["aten::convolution"][1:3] == ("generic stream kernel", "convolution")
+    assert by_op["aten::native_layer_norm"][1:3] == ("fused kernel", "normalization")
+    assert by_op["aten::rms_norm[AutogradPrivateUse1]"][1:3] == ("fused kernel", "normalization")
+    assert by_op["aten::_fused_adam_"].file == "csrc/aten/ops/optimizer.cpp"
+    assert by_op["aten::take"][1:] == ("fallback", "-", "csrc/aten/Fallback.cpp")
+
+
+def test_docs_ops_md_is_current(table):
+    path = os.path.join(REPO_ROOT, "docs", "OPS.md")
+    with open(path, encoding="utf-8") as f:
+        doc = f.read()
+    assert doc == ops.format_markdown(table), (
+        "docs/OPS.md is out of date: python -m torch_axon.ops --markdown docs/OPS.md")
+
+
+def test_cli_filters_by_path_and_family():
+    out = subprocess.run([sys.executable, "-m", "torch_axon.ops", "--path", "fallback"],
+                         capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
+    lines = out.splitlines()
+    assert lines and all(line.split()[1] == "fallback" for line in lines)
+    assert any(line.split()[0] == "aten::take" for line in lines)
+    out = subprocess.run(
+        [sys.executable, "-m", "torch_axon.ops", "--path", "generic", "--family", "loss"],
+        capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
+    assert "aten::mse_loss " in out
+    assert all("generic stream kernel" in line and " loss " in line for line in out.splitlines())
+
+
+def test_cli_rejects_an_unknown_path():
+    proc = subprocess.run([sys.executable, "-m", "torch_axon.ops", "--path", "nowhere"],
+                          capture_output=True, text=True, cwd=REPO_ROOT)
+    assert proc.returncode != 0
+    assert "unknown path 'nowhere'" in proc.stderr
