@@ -17,6 +17,8 @@ Paths (docs/ARCHITECTURE.md, "csrc/aten: where an op runs"):
 * ``structural``: tier 1, allocation, views, resizing, copies;
 * ``native stream kernel``: an unboxed kernel for the op, whose host side
   checks the arguments and enqueues ATen's CPU kernel as stream work;
+* ``synchronous kernel``: an unboxed kernel that waits for the stream and runs
+  ATen's CPU kernel on the host (result shapes that depend on device data);
 * ``generic stream kernel``: the boxed kernel driven by the op's Meta kernel;
 * ``fused kernel``: our kernels from ``kernels/`` (or a composition of axon ops);
 * ``collective``: PyTorch's c10d kernels, which call the axon process group;
@@ -30,8 +32,8 @@ import argparse
 import sys
 from typing import NamedTuple
 
-PATHS = ("structural", "native stream kernel", "generic stream kernel", "fused kernel",
-         "collective", "fallback")
+PATHS = ("structural", "native stream kernel", "synchronous kernel", "generic stream kernel",
+         "fused kernel", "collective", "fallback")
 
 _FALLBACK_FILE = "csrc/aten/Fallback.cpp"
 _COLLECTIVE_FILE = "csrc/distributed/ (torch's c10d kernels)"
@@ -129,6 +131,8 @@ def format_markdown(rows: list[OpRow]) -> str:
         "- **native stream kernel**: an unboxed kernel for the op: the host checks the arguments",
         "  (the op's structured meta function, or checks written out) and enqueues ATen's CPU",
         "  kernel as stream work.",
+        "- **synchronous kernel**: an unboxed kernel that waits for the stream and runs ATen's",
+        "  CPU kernel on the host: ops whose result shape depends on device data.",
         "- **generic stream kernel**: the boxed kernel driven by the op's Meta kernel",
         "  (`csrc/aten/GenericKernel.cpp`), also stream work.",
         "- **fused kernel**: our kernels from `kernels/` (ATen's CPU kernel, as stream work, for",

@@ -5,7 +5,10 @@
 //   opDevice(schema, stack):          boxed kernels (the generic stream kernel,
 //                                     the fallback);
 //   checkSameDevice(op, device, args...): the variant for arguments checked
-//                                     against a device found before.
+//                                     against a device found before;
+//   firstAxonDevice(args...):         the first axon tensor's device (-1 if
+//                                     none), for kernels with no main tensor;
+//                                     then checkSameDevice.
 #pragma once
 
 #include <initializer_list>

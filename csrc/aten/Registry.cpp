@@ -33,6 +33,7 @@ const char* pathName(Path path) {
   switch (path) {
     case Path::kStructural: return "structural";
     case Path::kNative: return "native stream kernel";
+    case Path::kSync: return "synchronous kernel";
     case Path::kGeneric: return "generic stream kernel";
     case Path::kFused: return "fused kernel";
   }

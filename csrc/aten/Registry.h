@@ -26,7 +26,9 @@
 
 namespace at::axon {
 
-enum class Path { kStructural, kNative, kGeneric, kFused };
+// kSync: an unboxed kernel that waits for the stream and runs on the host
+// (result shapes that depend on device data: nonzero, masked_select).
+enum class Path { kStructural, kNative, kSync, kGeneric, kFused };
 
 const char* pathName(Path path);  // "structural", "native stream kernel", ...
 

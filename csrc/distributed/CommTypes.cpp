@@ -4,7 +4,7 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 
-#include <axon/runtime.h>
+#include "../core/AxonRuntime.h"
 
 namespace at::axon {
 

@@ -569,12 +569,12 @@ void ProcessGroupAxon::startCoalescing() {
 c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::endCoalescing() {
   TORCH_CHECK(runner_->coalescing(), "ProcessGroupAxon: endCoalescing without startCoalescing");
   std::function<void()> finish = hosts_ ? hosts_->endCoalescing() : nullptr;
-  return runner_->endCoalescing(opDevice(), std::move(finish));
+  return runner_->endCoalescing(groupDevice(), std::move(finish));
 }
 
 // ---------------------------------------------------------------- running
 
-c10::DeviceIndex ProcessGroupAxon::opDevice() const {
+c10::DeviceIndex ProcessGroupAxon::groupDevice() const {
   return device_ >= 0 ? device_ : current_device();
 }
 
@@ -589,7 +589,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::enqueue(OpType type, const char
 c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::enqueue(OpType type, const char* name,
                                                          std::vector<at::Tensor> tensors,
                                                          std::vector<at::Tensor> outputs, Op op) {
-  return runner_->run(opDevice(), type, name, std::move(tensors), std::move(outputs),
+  return runner_->run(groupDevice(), type, name, std::move(tensors), std::move(outputs),
                       std::move(op));
 }
 

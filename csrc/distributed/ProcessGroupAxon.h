@@ -115,7 +115,7 @@ class ProcessGroupAxon : public c10d::Backend {
 
   // ------------------------------------------------------------ running
   // The group's device once bound, else the current device.
-  c10::DeviceIndex opDevice() const;
+  c10::DeviceIndex groupDevice() const;
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,
                                          std::vector<at::Tensor> tensors,
                                          std::vector<at::Tensor> outputs, OpBody body);

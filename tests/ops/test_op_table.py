@@ -17,7 +17,7 @@ import torch
 from conftest import REPO_ROOT
 from torch_axon import _C, ops
 
-PATHS = {"structural", "native stream kernel", "generic stream kernel", "fused kernel",
+PATHS = {"structural", "native stream kernel", "synchronous kernel", "generic stream kernel", "fused kernel",
          "collective", "fallback"}
 
 

@@ -111,8 +111,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
   reg.impl(Path::kNative, "index_select", index_select);
   reg.impl(Path::kNative, "index_select.out", index_select_out);
-  reg.impl(Path::kNative, "nonzero", nonzero);
-  reg.impl(Path::kNative, "masked_select", masked_select);
+  reg.impl(Path::kSync, "nonzero", nonzero);
+  reg.impl(Path::kSync, "masked_select", masked_select);
   reg.generic({
       "embedding_dense_backward", "_index_put_impl_", "index_put_", "index_fill_.int_Scalar",
       "index_fill_.int_Tensor", "masked_scatter_", "scatter_reduce.two_out",
