@@ -22,6 +22,8 @@ Paths (docs/ARCHITECTURE.md, "csrc/aten: where an op runs"):
 * ``generic stream kernel``: the boxed kernel driven by the op's Meta kernel;
 * ``fused kernel``: our kernels from ``kernels/`` (or a composition of axon ops);
 * ``collective``: PyTorch's c10d kernels, which call the axon process group;
+* ``torch kernel``: kernels other PyTorch libraries register for PrivateUse1
+  when imported (FSDP's ``fsdp::`` copy ops): absent from a fresh ``import torch``;
 * ``fallback``: ops with a CPU kernel and no axon or composite kernel, which
   run synchronously on the CPU over host views of the device memory.
 """
@@ -33,7 +35,7 @@ import sys
 from typing import NamedTuple
 
 PATHS = ("structural", "native stream kernel", "synchronous kernel", "generic stream kernel",
-         "fused kernel", "collective", "fallback")
+         "fused kernel", "collective", "torch kernel", "fallback")
 
 _FALLBACK_FILE = "csrc/aten/Fallback.cpp"
 _COLLECTIVE_FILE = "csrc/distributed/ (torch's c10d kernels)"
@@ -82,6 +84,9 @@ def op_table() -> list[OpRow]:
     for name in sorted(registered - ours):
         if name.startswith("c10d::"):
             rows.append(OpRow(name, "collective", "distributed", _COLLECTIVE_FILE))
+        elif not name.startswith("aten::"):
+            namespace = name.split("::")[0]
+            rows.append(OpRow(name, "torch kernel", namespace, f"(torch's {namespace} library)"))
         else:  # a PrivateUse1 kernel the registrar did not record: shown, and the test fails
             rows.append(OpRow(name, "unrecorded", "?", "?"))
     served = set(registered)
@@ -117,7 +122,8 @@ def format_text(rows: list[OpRow]) -> str:
 def format_markdown(rows: list[OpRow]) -> str:
     """docs/OPS.md."""
     counts = {p: sum(1 for r in rows if r.path == p) for p in PATHS}
-    families = sorted({r.family for r in rows if r.path not in ("fallback", "collective")})
+    families = sorted({r.family for r in rows
+                       if r.path not in ("fallback", "collective", "torch kernel")})
     lines = [
         "# Where each op runs on axon",
         "",
@@ -138,6 +144,9 @@ def format_markdown(rows: list[OpRow]) -> str:
         "- **fused kernel**: our kernels from `kernels/` (ATen's CPU kernel, as stream work, for",
         "  inputs they do not take), or a composition of axon ops (the RNN cells).",
         "- **collective**: PyTorch's c10d kernels, which call the axon process group.",
+        "- **torch kernel**: kernels other PyTorch libraries register for PrivateUse1 when",
+        "  they are imported (FSDP's `fsdp::` copy ops); none after a plain `import torch`,",
+        "  which is what this file lists.",
         "- **fallback**: ops with a CPU kernel and no axon or composite kernel: they run",
         "  synchronously on the CPU over host views of device memory (`csrc/aten/Fallback.cpp`),",
         "  counted by `torch.axon.fallback_stats()`. Ops with only a composite kernel (most",

@@ -68,7 +68,10 @@ def test_host_metadata_change_after_launch(change):
     pending kernels compute."""
     x = make((3, 4), torch.float32, seed=1)
     xa = x.axon()
+    # Warm-up: a launch signature seen for the first time runs synchronously
+    # (after the stream drains), which would run the pending kernels now.
     (xa + 1) * 2
+    torch.full((5,), 7.0, device="axon")
     torch.axon.synchronize()
     sleep_on_stream(0, 200)
     y = xa + 1

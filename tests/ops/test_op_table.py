@@ -17,8 +17,8 @@ import torch
 from conftest import REPO_ROOT
 from torch_axon import _C, ops
 
-PATHS = {"structural", "native stream kernel", "synchronous kernel", "generic stream kernel", "fused kernel",
-         "collective", "fallback"}
+PATHS = {"structural", "native stream kernel", "synchronous kernel", "generic stream kernel",
+         "fused kernel", "collective", "torch kernel", "fallback"}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_every_privateuse1_registration_has_one_path(table):
     # family and a source file that exists.
     assert not [r for r in table if r.path not in PATHS]
     for r in table:
-        if r.path in ("fallback", "collective"):
+        if r.path in ("fallback", "collective", "torch kernel"):
             continue
         assert r.family and r.family != "-", r
         assert os.path.isfile(os.path.join(REPO_ROOT, r.file)), r
@@ -81,11 +81,16 @@ def test_paths_and_families_of_known_ops(table):
     assert by_op["aten::take"][1:] == ("fallback", "-", "csrc/aten/Fallback.cpp")
 
 
-def test_docs_ops_md_is_current(table):
+def test_docs_ops_md_is_current():
+    # Generated in a fresh interpreter: the table depends on what is imported
+    # (FSDP registers kernels, other libraries add CPU kernels to the fallback),
+    # and docs/OPS.md describes a plain `import torch`.
     path = os.path.join(REPO_ROOT, "docs", "OPS.md")
     with open(path, encoding="utf-8") as f:
         doc = f.read()
-    assert doc == ops.format_markdown(table), (
+    fresh = subprocess.run([sys.executable, "-m", "torch_axon.ops", "--markdown", "-"],
+                           capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
+    assert doc == fresh, (
         "docs/OPS.md is out of date: python -m torch_axon.ops --markdown docs/OPS.md")
 
 
