@@ -2,8 +2,10 @@
 
     .venv/bin/python benchmarks/kernels.py [--repeats 5] [--min-time 0.1] [--only sdpa]
     .venv/bin/python benchmarks/kernels.py --quick          # tiny smoke run, seconds
+    .venv/bin/python benchmarks/kernels.py --select own,library,auto   # axon's kernel choice side by side
 
-Kernels: F.rms_norm (with weight), torch.softmax(dim=-1), F.scaled_dot_product_attention
+Kernels: F.linear of decoding's few rows (1 and 8 rows by 512 -> 1408, 1 row by 512 -> 32000,
+the lm_head), F.rms_norm (with weight), torch.softmax(dim=-1), F.scaled_dot_product_attention
 (causal prefill, and a q_len=1 decode step), forward and forward+backward; and one
 torch.optim.AdamW step over parameters shaped like the ~56M-parameter Llama of
 generate.py / train_step.py (fused=True, foreach=True, and the torch default, which is
@@ -17,11 +19,17 @@ kernel moves; GFLOP/s: matmul flops of attention, causal counts half, backward 2
 forward), the max |axon - cpu| of the outputs (gradients for fwd+bwd, parameters after
 one step for AdamW) relative to max |cpu|, and the ops that ran through the CPU fallback
 during the axon measurement (per call).
+
+--select own,library,auto times axon once per kernel-selection mode (csrc/aten/KernelSelect.h:
+own = axon's kernels, library = ATen's CPU kernels run as device work, auto = whichever measured
+faster on this machine, from the table `python -m torch_axon.tune` prints), one column each;
+the default is auto alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -101,6 +109,14 @@ def adamw_dims(a) -> dict:
 def build_cases(a) -> list[Case]:
     cases: list[Case] = []
     dtypes = [C.parse_dtype(d) for d in a.dtypes.split(",")]
+    for rows_, k, n in a.linear_shapes:
+        for dt in dtypes:
+            esz = torch.finfo(dt).bits // 8
+            cases.append(Case(
+                "linear", f"x[{rows_}, {k}] W[{n}, {k}]", dt, "fwd",
+                _fwd_or_bwd(lambda x, w: F.linear(x, w), [((rows_, k), dt, False), ((n, k), dt, False)],
+                            False, a.seed),
+                "GB/s", (n * k + rows_ * (k + n)) * esz))
     rows = a.batch * a.seq
     for hidden in a.norm_dims:
         for dt in dtypes:
@@ -168,21 +184,44 @@ def rel_diff(a_out, c_out) -> float:
     return worst
 
 
-def run_case(case: Case, a) -> None:
-    # Fresh state for the check: the same first call on both devices.
-    check = {d: case.make(d) for d in C.DEVICES}
-    outs = {}
-    for d in C.DEVICES:
-        outs[d] = check[d]()
-        C.sync(d)
-    case.results["diff"] = rel_diff(outs["axon"], outs["cpu"])
-    del check, outs
+def variants(a) -> list[str]:
+    """cpu, then axon once per --select mode ("axon" alone for the default auto)."""
+    if a.select == ["auto"]:
+        return ["cpu", "axon"]
+    return ["cpu"] + [f"axon:{m}" for m in a.select]
 
-    calls = {d: case.make(d) for d in C.DEVICES}
-    for d in C.DEVICES:  # first calls (lazy state such as AdamW's) outside the counts
+
+def _device(v: str) -> str:
+    return v.split(":")[0]
+
+
+def _with_mode(v: str, fn):
+    """fn under v's kernel-selection mode (axon:own ...); plain fn otherwise."""
+    if ":" not in v:
+        return fn
+    mode = v.split(":")[1]
+
+    def call():
+        torch.ops.axon._set_kernel_select(mode)
+        return fn()
+    return call
+
+
+def run_case(case: Case, a) -> None:
+    vs = variants(a)
+    # Fresh state for the check: the same first call on both devices.
+    outs = {}
+    for v in vs:
+        outs[v] = _with_mode(v, case.make(_device(v)))()
+        C.sync(_device(v))
+    case.results["diff"] = max(rel_diff(outs[v], outs["cpu"]) for v in vs[1:])
+    del outs
+
+    calls = {v: _with_mode(v, case.make(_device(v))) for v in vs}
+    for v in vs:  # first calls (lazy state such as AdamW's, auto's measurement) outside the counts
         for _ in range(max(1, a.warmup)):
-            calls[d]()
-        C.sync(d)
+            calls[v]()
+        C.sync(_device(v))
     # N from the median cpu time of single calls, timed until 1/5 of --min-time (at least 3).
     one: list[float] = []
     while len(one) < 3 or (sum(one) < a.min_time / 5 and len(one) < a.max_iters):
@@ -190,14 +229,20 @@ def run_case(case: Case, a) -> None:
     iters = a.iters or max(1, min(a.max_iters, math.ceil(a.min_time / C.median(one))))
 
     fallback = C.FallbackCounter()
-    times = C.alternate(lambda d, r: C.time_per_call(calls[d], d, iters, warmup=a.warmup), a.repeats,
-                        fallback=fallback)
-    case.results.update(iters=iters, cpu=C.median(times["cpu"]), axon=C.median(times["axon"]),
-                        fallback=fallback, calls=a.repeats * (a.warmup + iters))
+
+    def measure(v, r):
+        with fallback if _device(v) == "axon" else contextlib.nullcontext():
+            return C.time_per_call(calls[v], _device(v), iters, warmup=a.warmup)
+    times = C.alternate(measure, a.repeats, devices=vs)
+    case.results.update(iters=iters, fallback=fallback,
+                        calls=a.repeats * (a.warmup + iters) * (len(vs) - 1))
+    case.results.update({v: C.median(times[v]) for v in vs})
     if a.profile:
-        C.profile_axon(calls["axon"], f"{case.kernel} {case.shape} {C.dtype_name(case.dtype)} {case.kind}",
+        C.profile_axon(calls[vs[1]], f"{case.kernel} {case.shape} {C.dtype_name(case.dtype)} {case.kind}",
                        rows=a.profile_rows, calls=min(iters, 5))
     del calls
+    if len(vs) > 2:
+        torch.ops.axon._set_kernel_select("")
 
 
 def main() -> None:
@@ -218,6 +263,11 @@ def main() -> None:
     p.add_argument("--head-dim", type=int, default=None, help="head dim (64; quick 32)")
     p.add_argument("--kv-len", type=int, default=None, help="kv length of the decode step (512; quick 128)")
     p.add_argument("--norm-dims", default=None, help="rms_norm widths (512,2048; quick 128,512)")
+    p.add_argument("--linear", default=None,
+                   help="F.linear shapes rows x in x out, comma-separated, '' for none "
+                        "(1x512x1408,8x512x1408,1x512x32000; quick 1x64x96,4x64x128)")
+    p.add_argument("--select", default="auto",
+                   help="kernel-selection modes to time axon in, comma-separated: own,library,auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="torch.profiler top ops on axon, per kernel")
     p.add_argument("--profile-rows", type=int, default=12)
@@ -226,29 +276,48 @@ def main() -> None:
     C.apply_malloc_reuse(a)
     C.resolve_defaults(a, dict(repeats=(2, 5), min_time=(0.01, 0.1), batch=(2, 8), seq=(64, 256),
                                heads=(4, 8), head_dim=(32, 64), kv_len=(128, 512),
-                               norm_dims=("128,512", "512,2048")))
+                               norm_dims=("128,512", "512,2048"),
+                               linear=("1x64x96,4x64x128", "1x512x1408,8x512x1408,1x512x32000")))
     a.norm_dims = [int(x) for x in str(a.norm_dims).split(",")]
+    a.linear_shapes = [tuple(int(v) for v in x.split("x")) for x in a.linear.split(",") if x]
+    a.select = [m.strip() for m in a.select.split(",") if m.strip()]
+    for m in a.select:
+        if m not in ("own", "library", "auto"):
+            p.error(f"--select: expected own, library or auto, got {m!r}")
     torch.manual_seed(a.seed)
 
     C.print_header("kernels: per-kernel throughput, axon vs cpu eager", a)
     print(f"AdamW parameters: {C.describe_dims(adamw_dims(a))}")
     cases = build_cases(a)
-    headers = ["kernel", "shape", "dtype", "pass", "N", "cpu", "axon", "speedup cpu/axon",
-               "unit", "cpu rate", "axon rate", "rel diff", "fallback ops"]
+    vs = variants(a)
+    axon = vs[1:]
+    if len(axon) == 1:
+        headers = ["kernel", "shape", "dtype", "pass", "N", "cpu", "axon", "speedup cpu/axon",
+                   "unit", "cpu rate", "axon rate", "rel diff", "fallback ops"]
+    else:
+        headers = (["kernel", "shape", "dtype", "pass", "N", "cpu"] + axon
+                   + [f"cpu/{v}" for v in axon] + ["rel diff", "fallback ops"])
     rows = []
     for case in cases:
         run_case(case, a)
         r = case.results
         n_fallback = len(r["fallback"].counts)
-        row = [case.kernel, case.shape, C.dtype_name(case.dtype), case.kind, r["iters"],
-               C.fmt_time(r["cpu"]), C.fmt_time(r["axon"]), f"{r['cpu'] / r['axon']:.2f}x",
-               case.unit, C.fmt_num(case.amount / r["cpu"] / 1e9), C.fmt_num(case.amount / r["axon"] / 1e9),
-               f"{r['diff']:.1e}", "native" if n_fallback == 0 else f"{n_fallback} ops"]
+        fb = "native" if n_fallback == 0 else f"{n_fallback} ops"
+        head = [case.kernel, case.shape, C.dtype_name(case.dtype), case.kind, r["iters"],
+                C.fmt_time(r["cpu"])]
+        if len(axon) == 1:
+            v = axon[0]
+            row = head + [C.fmt_time(r[v]), f"{r['cpu'] / r[v]:.2f}x", case.unit,
+                          C.fmt_num(case.amount / r["cpu"] / 1e9), C.fmt_num(case.amount / r[v] / 1e9),
+                          f"{r['diff']:.1e}", fb]
+        else:
+            row = (head + [C.fmt_time(r[v]) for v in axon] + [f"{r['cpu'] / r[v]:.2f}x" for v in axon]
+                   + [f"{r['diff']:.1e}", fb])
         rows.append(row)
-        print(f"[{len(rows)}/{len(cases)}] {' '.join(str(c) for c in row[:7])}",
+        print(f"[{len(rows)}/{len(cases)}] {' '.join(str(c) for c in row[:6 + len(axon)])}",
               file=sys.stderr, flush=True)  # progress
     print()
-    C.print_table(headers, rows, align=["l", "l", "l", "l"] + ["r"] * 8 + ["l"])
+    C.print_table(headers, rows, align=["l", "l", "l", "l"] + ["r"] * (len(headers) - 5) + ["l"])
     print("fallback ops during the axon measurement (calls per kernel call):")
     for case in cases:
         r = case.results

@@ -24,7 +24,13 @@ import sys
 import textwrap
 
 import pytest
-import torch
+
+# Kernel selection (csrc/aten/KernelSelect.h) measures in every test process,
+# as a user's first run does, but keeps its table in memory: the suite neither
+# reads a table an earlier run left in ~/.cache nor leaves one behind.
+os.environ.setdefault("AXON_KERNEL_SELECT_CACHE", "0")
+
+import torch  # noqa: E402
 
 # The helper modules' asserts get pytest's detailed messages, as the tests' own do.
 pytest.register_assert_rewrite("dist_util", "op_util")

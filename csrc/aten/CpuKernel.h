@@ -8,10 +8,12 @@
 // without going through the dispatcher again.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -281,6 +283,34 @@ void call_on_host(const Fn& fn, const Tuple& captured, std::index_sequence<I...>
   fn(std::get<I>(views)...);
 }
 
+// What capture(a) makes, made where it is stored: a tuple element
+// initialised from a Capturing converts it in place (no copy or move of
+// the captured geometry).
+template <typename A>
+struct Capturing {
+  using Type = decltype(capture(std::declval<const A&>()));
+  const A& a;
+  operator Type() const { return capture(a); }
+};
+
+// A CPU kernel launch's work: fn and the captured arguments, one allocation.
+template <typename Fn, typename... A>
+class CpuKernelWork final : public Work {
+ public:
+  using Captured = std::tuple<typename Capturing<A>::Type...>;
+  CpuKernelWork(Fn fn, const A&... a) : fn_(fn), captured_(Capturing<A>{a}...) {}
+  void run() override {
+    // The kernel's nested ops work on plain CPU buffers: no autograd.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    call_on_host(fn_, captured_, std::index_sequence_for<A...>{});
+  }
+  const Captured& captured() const { return captured_; }
+
+ private:
+  Fn fn_;
+  Captured captured_;
+};
+
 }  // namespace at::axon::cpu_kernel
 
 namespace at::axon {
@@ -289,19 +319,14 @@ namespace at::axon {
 // checks (Launch.h): kMeta when the caller ran the op's complete checks.
 template <HostChecks checks = HostChecks::kFull, typename Fn, typename... Args>
 void launchCpuKernel(c10::DeviceIndex device, const char* name, Fn fn, const Args&... args) {
-  auto captured = std::make_tuple(cpu_kernel::capture(args)...);
+  auto work = std::make_unique<cpu_kernel::CpuKernelWork<Fn, Args...>>(fn, args...);
   Signature signature(checks);
   int64_t elements = 0;
   std::apply([&](const auto&... c) {
     (cpu_kernel::add_signature(signature, c), ...);
     (cpu_kernel::add_elements(elements, c), ...);
-  }, captured);
-  launchChecked(device, name, signature.hash, kernelThreads(elements),
-                [fn, captured = std::move(captured)]() {
-    // The kernel's nested ops work on plain CPU buffers: no autograd.
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    cpu_kernel::call_on_host(fn, captured, std::index_sequence_for<Args...>{});
-  });
+  }, work->captured());
+  launchChecked(device, name, signature.hash, kernelThreads(elements), std::move(work));
 }
 
 }  // namespace at::axon

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -51,6 +52,8 @@ enum class HostChecks {
   kFull,
 };
 
+void launchChecked(c10::DeviceIndex device, const char* name, uint64_t signature, int threads,
+                   std::unique_ptr<Work> work);
 void launchChecked(c10::DeviceIndex device, const char* name, uint64_t signature, int threads,
                    std::function<void()> fn);
 

@@ -7,7 +7,6 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include <cstdio>
@@ -111,7 +110,6 @@ class DeviceCache {
     block = maybe_split(block, size);
     block->allocated = true;
     block->requested = orig_size;
-    active_.emplace(block->ptr, block);
     for_pool(pool, [&](StatType t) {
       stats_.allocation[idx(t)].increase(1);
       stats_.allocated_bytes[idx(t)].increase(block->size);
@@ -122,12 +120,9 @@ class DeviceCache {
     return block;
   }
 
-  void free(void* ptr) {
+  void free(Block* block) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = active_.find(ptr);
-    TORCH_INTERNAL_ASSERT(it != active_.end(), "axon: freeing unknown pointer");
-    Block* block = it->second;
-    active_.erase(it);
+    TORCH_INTERNAL_ASSERT(block->allocated, "axon: freeing a block that is not allocated");
     block->allocated = false;
     for_pool(*block->pool, [&](StatType t) {
       stats_.allocation[idx(t)].decrease(1);
@@ -148,11 +143,9 @@ class DeviceCache {
     release_to_pool(block);
   }
 
-  void record_stream(void* ptr, c10::StreamId stream) {
+  void record_stream(Block* block, c10::StreamId stream) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = active_.find(ptr);
-    if (it == active_.end()) return;  // not ours (e.g. a view's base freed)
-    if (stream != it->second->stream) it->second->stream_uses.insert(stream);
+    if (stream != block->stream) block->stream_uses.insert(stream);
   }
 
   void empty_cache() {
@@ -396,7 +389,6 @@ class DeviceCache {
   const c10::DeviceIndex device_;
   std::mutex mutex_;
   BlockPool small_, large_;
-  std::unordered_map<void*, Block*> active_;
   std::deque<std::pair<rt::Event*, Block*>> pending_;
   std::string host_oom_;  // the runtime's message when the host refused memory
   DeviceStats stats_;
@@ -420,7 +412,8 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
       releaseFinishedWork();
       block = cache(device).malloc(nbytes, stream);
     }
-    return c10::DataPtr(block->ptr, block->ptr, &deleter, dev);
+    // The context is the block: freeing it needs no lookup.
+    return c10::DataPtr(block->ptr, block, &deleter, dev);
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &deleter; }
@@ -447,8 +440,12 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
     TORCH_CHECK(stream.device_type() == kAxon,
                 "record_stream: expected an axon stream, but got a ", stream.device_type(),
                 " stream; an axon tensor can only be recorded on an axon stream");
-    if (ptr.get_context() == nullptr) return;
-    cache(stream.device_index()).record_stream(ptr.get_context(), stream.id());
+    // Not ours (an empty tensor's null pointer, memory from elsewhere): nothing to delay.
+    if (ptr.get_context() == nullptr || ptr.get_deleter() != &deleter) return;
+    auto* block = static_cast<Block*>(ptr.get_context());
+    // A stream of another device never touches this memory's reuse order.
+    if (stream.device_index() != block->device) return;
+    cache(block->device).record_stream(block, stream.id());
   }
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
@@ -488,9 +485,8 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
 
  private:
   static void deleter(void* ctx) {
-    int device = rt::pointer_device(ctx);
-    TORCH_INTERNAL_ASSERT(device >= 0, "axon: freeing non-device memory");
-    instance().cache(static_cast<c10::DeviceIndex>(device)).free(ctx);
+    auto* block = static_cast<Block*>(ctx);
+    instance().cache(block->device).free(block);
   }
 
   DeviceCache* existing(c10::DeviceIndex device) {

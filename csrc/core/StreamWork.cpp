@@ -5,9 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <omp.h>
-#include <memory>
-#include <mutex>
-#include <vector>
+
+#include <c10/util/Exception.h>
 
 #include "AxonStream.h"
 
@@ -16,29 +15,58 @@ namespace at::axon {
 // Finished work is released by the host, not by the stream worker: the last
 // reference to a tensor may own its Python object, whose release takes the
 // GIL, which the host may be holding while it waits for the stream.
-// Launches release it in batches (a lock and a swap per batch, not per kernel);
-// synchronisations and the allocator's out-of-memory path release it all.
-namespace {
-constexpr size_t kReleaseBatch = 32;
-std::mutex finished_mutex;
-std::vector<std::unique_ptr<std::function<void()>>> finished;
-std::atomic<size_t> num_finished{0};
+// Workers push what has run onto a lock-free list (one atomic exchange or
+// compare-exchange, no lock the host could hold: a worker never sleeps on
+// it and the host never wakes one); launches take the whole list in batches,
+// synchronisations and the allocator's out-of-memory path take it all.
+struct FinishedList {
+  std::atomic<Work*> head{nullptr};
+  // Approximate (pushes count after they land, takes subtract what they
+  // took); only decides when a launch releases a batch.
+  std::atomic<int64_t> count{0};
 
-void release_if_at_least(size_t n) {
-  const size_t have = num_finished.load(std::memory_order_acquire);
-  if (have == 0 || have < n) return;
-  std::vector<std::unique_ptr<std::function<void()>>> done;
-  {
-    std::lock_guard<std::mutex> lock(finished_mutex);
-    done.swap(finished);
-    num_finished.store(0, std::memory_order_release);
+  void push(Work* w) {
+    Work* h = head.load(std::memory_order_relaxed);
+    do {
+      w->next_finished_ = h;
+    } while (!head.compare_exchange_weak(h, w, std::memory_order_release,
+                                         std::memory_order_relaxed));
+    count.fetch_add(1, std::memory_order_relaxed);
   }
-}
-}  // namespace
 
-void releaseFinishedWork() { release_if_at_least(1); }
+  void release_if_at_least(int64_t n) {
+    if (count.load(std::memory_order_relaxed) < n) return;
+    Work* w = head.exchange(nullptr, std::memory_order_acquire);
+    int64_t taken = 0;
+    while (w != nullptr) {
+      Work* next = w->next_finished_;
+      delete w;
+      w = next;
+      ++taken;
+    }
+    count.fetch_sub(taken, std::memory_order_relaxed);
+  }
+};
 
 namespace {
+constexpr int64_t kReleaseBatch = 32;
+FinishedList finished;  // never destroyed before the workers stop: see below
+
+// Stream workers: a kernel launched asynchronously had its warnings raised
+// at the call already (see launchChecked); nothing goes to stderr.
+class DropWarnings final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
+class FunctionWork final : public Work {
+ public:
+  explicit FunctionWork(std::function<void()> fn) : fn_(std::move(fn)) {}
+  void run() override { fn_(); }
+
+ private:
+  std::function<void()> fn_;
+};
 
 // The OpenMP team size of the calling stream worker for its next kernel:
 // `threads`, or (0) the process default.  Set only when it changes.
@@ -54,27 +82,35 @@ void set_kernel_threads(int threads) {
 
 }  // namespace
 
-void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn, int threads) {
-  release_if_at_least(kReleaseBatch);
+std::unique_ptr<Work> functionWork(std::function<void()> fn) {
+  return std::make_unique<FunctionWork>(std::move(fn));
+}
+
+void releaseFinishedWork() { finished.release_if_at_least(1); }
+
+void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> work, int threads) {
+  finished.release_if_at_least(kReleaseBatch);
   rt::Stream s = current_rt_stream(device);
-  // The stream's task holds a plain pointer, which std::function stores
-  // without another allocation; the work object itself moves to `finished`
-  // once it has run.  (Work a stream drops at process exit, or a launch the
-  // runtime refuses, is not freed.)
-  auto* work = new std::function<void()>(std::move(fn));
+  // The stream's task holds a plain pointer and an int, which std::function
+  // stores without another allocation; the work object itself moves to
+  // `finished` once it has run.  (Work a stream drops at process exit, or a
+  // launch the runtime refuses, is not freed.)
+  Work* w = work.release();
   rt_call([&] {
-    rt::launch(s, name, [work, threads] {
+    rt::launch(s, name, [w, threads] {
       struct Retire {
-        std::function<void()>* w;
-        ~Retire() {
-          std::lock_guard<std::mutex> lock(finished_mutex);
-          finished.emplace_back(w);
-          num_finished.store(finished.size(), std::memory_order_release);
-        }
-      } retire{work};
+        Work* w;
+        ~Retire() { finished.push(w); }
+      } retire{w};
       set_kernel_threads(threads);
       try {
-        (*work)();
+        if (w->quiet) {
+          static DropWarnings drop;
+          c10::WarningUtils::WarningHandlerGuard guard(&drop);
+          w->run();
+        } else {
+          w->run();
+        }
       } catch (const c10::Error& e) {
         // The runtime keeps the message for a later synchronising call; the
         // C++ backtrace of a worker thread would only bury it.
@@ -82,6 +118,10 @@ void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn,
       }
     });
   });
+}
+
+void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn, int threads) {
+  launch(device, name, functionWork(std::move(fn)), threads);
 }
 
 }  // namespace at::axon

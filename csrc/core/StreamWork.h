@@ -11,14 +11,41 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 
 #include <c10/core/Device.h>
 
 namespace at::axon {
 
-// Enqueues fn on device's current stream.  `name` must outlive the process
-// (a string literal or an interned name); it labels asynchronous errors.
-// `threads`: the most threads the kernel's parallel loops may use (0: all).
+// One kernel's work: what it captured and how to run it, in one allocation
+// (a launch allocates nothing else).  Owned by the launch until it has run,
+// then by the finished list until the host releases it.
+class Work {
+ public:
+  Work() = default;
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  virtual void run() = 0;
+
+  // Warnings the kernel raises on the worker are dropped (the host raised
+  // them at the call already; see launchChecked).
+  bool quiet = false;
+
+ private:
+  friend struct FinishedList;
+  Work* next_finished_ = nullptr;
+};
+
+// A std::function as Work (launches that are not CPU kernels).
+std::unique_ptr<Work> functionWork(std::function<void()> fn);
+
+// Enqueues `work` on device's current stream.  `name` must outlive the
+// process (a string literal or an interned name); it labels asynchronous
+// errors.  `threads`: the most threads the kernel's parallel loops may use
+// (0: all).
+void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> work,
+            int threads = 0);
 void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn,
             int threads = 0);
 

@@ -11,6 +11,7 @@
 #include "Inductor.h"
 #include "../distributed/Bindings.h"
 #include "../aten/Fallback.h"
+#include "../aten/KernelSelect.h"
 #include "../aten/Kernels.h"
 #include "../aten/Registry.h"
 #include "../core/AxonGenerator.h"
@@ -103,6 +104,16 @@ PYBIND11_MODULE(_C, m) {
     py::list rows;
     for (const OpRecord& r : opTable()) {
       rows.append(py::make_tuple(r.op, r.key, pathName(r.path), r.family, r.file));
+    }
+    return rows;
+  });
+  // Kernel selection (aten/KernelSelect.h): (op, dtype, shape class, layout, choice,
+  // source, own us, library us, own runs, library runs) per key; python -m torch_axon.tune.
+  m.def("_kernel_select_table", [] {
+    py::list rows;
+    for (const kselect::Row& r : kselect::table()) {
+      rows.append(py::make_tuple(r.op, r.dtype, r.shape, r.layout, r.choice, r.source, r.own_us,
+                                 r.library_us, r.own_runs, r.library_runs));
     }
     return rows;
   });

@@ -1,7 +1,8 @@
 // Linear algebra: matrix products (mm, bmm, addmm, baddbmm, dot, addmv ...),
 // distances, triangular solves, addr.
 //   fused kernel: mm/addmm (and their out=) of up to 8 rows by a transposed
-//     weight (F.linear when decoding) run kernels/linear; other shapes take
+//     weight (F.linear when decoding) run kernels/linear or ATen's GEMM,
+//     whichever measured faster on this machine (KernelSelect.h); other shapes take
 //     the structured path (StructuredKernel.h) to ATen's GEMM;
 //   native stream kernels: bmm, baddbmm (structured); addr.out (device checks,
 //     then ATen's composite);
@@ -20,6 +21,7 @@
 #include <axon/kernels/linear.h>
 
 #include "../CpuKernel.h"
+#include "../KernelSelect.h"
 #include "../Kernels.h"
 #include "../OpDevice.h"
 #include "../Registry.h"
@@ -55,15 +57,35 @@ bool small_linear(const at::Tensor& a, const at::Tensor& b) {
 
 constexpr int64_t kParallelLinearElements = int64_t{4} << 20;
 
-void launch_small_linear_into(const at::Tensor& a, const at::Tensor& b, const void* bias,
+// kernels/linear or ATen's GEMM (MKL / oneDNN), chosen per (dtype, m, k, n
+// class, bias, strided rows) by measurement (KernelSelect.h).
+void launch_small_linear_into(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
                               at::Tensor& out, const char* name) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  launch(a.device().index(), name,
-         [=, dt = *kernelDType(a.scalar_type()), ap = a.const_data_ptr(),
-          lda = a.stride(0), wp = b.const_data_ptr(), ldw = b.stride(1), op = out.data_ptr(),
-          ldo = out.stride(0)] {
-           ::axon::kernels::linear_small_m(dt, m, n, k, ap, lda, wp, ldw, bias, op, ldo);
-         },
+  const bool strided = (m > 1 && (a.stride(0) != k || out.stride(0) != n)) ||
+                       (n > 1 && b.stride(1) != k);
+  const kselect::Key key = kselect::makeKey(
+      kselect::Op::kLinear, a.scalar_type(), {m, k, n},
+      (bias.defined() ? kselect::kBias : 0) | (strided ? kselect::kStrided : 0));
+  const void* bp = bias.defined() ? bias.const_data_ptr() : nullptr;
+  auto own = [&] {
+    return [=, dt = *kernelDType(a.scalar_type()), ap = a.const_data_ptr(), lda = a.stride(0),
+            wp = b.const_data_ptr(), ldw = b.stride(1), op = out.data_ptr(), ldo = out.stride(0)] {
+      ::axon::kernels::linear_small_m(dt, m, n, k, ap, lda, wp, ldw, bp, op, ldo);
+    };
+  };
+  auto library = [&] {
+    return [ca = cpu_kernel::capture(a), cb = cpu_kernel::capture(b),
+            cbias = cpu_kernel::capture(bias), co = cpu_kernel::capture(out)] {
+      at::Tensor o = co.view();
+      if (cbias.defined()) {
+        at::cpu::addmm_outf(cbias.view(), ca.view(), cb.view(), 1, 1, o);
+      } else {
+        at::cpu::mm_outf(ca.view(), cb.view(), o);
+      }
+    };
+  };
+  kselect::launchSelected(a.device().index(), name, key,
          // Memory-bound: one thread reads the weight at ~30 GB/s here and
          // leaves the other core to the host dispatching the next ops.  A
          // weight of 4M elements or more (16 MiB in float32, 8 MiB in 16-bit
@@ -72,10 +94,10 @@ void launch_small_linear_into(const at::Tensor& a, const at::Tensor& b, const vo
          // host has nothing left to dispatch for that long (decode step of a
          // 56M Llama, 65 MB lm_head: eager 9.0 -> 8.3 ms, compiled 7.3 -> 6.3
          // ms; every linear on the team was slower, 9.7 / 8.0 ms).
-         /*threads=*/n * k >= kParallelLinearElements ? 0 : 1);
+         /*threads=*/n * k >= kParallelLinearElements ? 0 : 1, own, library);
 }
 
-at::Tensor launch_small_linear(const at::Tensor& a, const at::Tensor& b, const void* bias,
+at::Tensor launch_small_linear(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
                                const char* name) {
   at::Tensor out = emptyDevice({a.size(0), b.size(1)}, {b.size(1), 1}, a.scalar_type(),
                                a.device().index());
@@ -98,7 +120,7 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
     return Functional<at::meta::structured_mm, 1, MmName, T(const T&, const T&),
                       &at::cpu::mm_outf>::run(a, b);
   }
-  return launch_small_linear(a, b, nullptr, MmName::value());
+  return launch_small_linear(a, b, at::Tensor(), MmName::value());
 }
 
 at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b,
@@ -111,13 +133,13 @@ at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& 
                       T(const T&, const T&, const T&, const S&, const S&),
                       &at::cpu::addmm_outf>::run(bias, a, b, beta, alpha);
   }
-  return launch_small_linear(a, b, bias.const_data_ptr(), AddmmName::value());
+  return launch_small_linear(a, b, bias, AddmmName::value());
 }
 
 // out= forms (what torch.compile's generated code calls: extern_kernels.mm(a, b, out=buf)).
 at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   if (small_linear(a, b) && small_linear_out(a, b, out)) {
-    launch_small_linear_into(a, b, nullptr, out, MmName::value());
+    launch_small_linear_into(a, b, at::Tensor(), out, MmName::value());
     return out;
   }
   return Structured<at::meta::structured_mm, 1, MmName, &at::cpu::mm_outf>::run(a, b, out);
@@ -130,7 +152,7 @@ at::Tensor& addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Ten
   if (plain && small_linear(a, b) && small_linear_out(a, b, out) && bias.dim() == 1 &&
       bias.scalar_type() == a.scalar_type() && bias.device() == a.device() &&
       bias.size(0) == b.size(1) && bias.stride(0) == 1 && !out.is_alias_of(bias)) {
-    launch_small_linear_into(a, b, bias.const_data_ptr(), out, AddmmName::value());
+    launch_small_linear_into(a, b, bias, out, AddmmName::value());
     return out;
   }
   return Structured<at::meta::structured_addmm, 1, AddmmName, &at::cpu::addmm_outf>::run(

@@ -31,6 +31,7 @@
 
 #include "../CpuKernel.h"
 #include "../GenericKernel.h"
+#include "../KernelSelect.h"
 #include "../Kernels.h"
 #include "../OpDevice.h"
 #include "../Registry.h"
@@ -97,11 +98,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
   const at::Tensor bc = bias.defined() ? bias.contiguous() : bias;
   const void* w = wc.defined() ? wc.const_data_ptr() : nullptr;
   const void* b = bc.defined() ? bc.const_data_ptr() : nullptr;
-  launch(device, "aten::native_layer_norm",
-         [=, dt = *dt, wdt = *wdt, xp = x.const_data_ptr(), yp = out.data_ptr(),
-          mp = mean.data_ptr<float>(), rp = rstd.data_ptr<float>()] {
-           k::layer_norm_forward(dt, rows, cols, xp, cols, wdt, w, b, eps, yp, mp, rp);
-         }, kernelThreads(2 * rows * cols));
+  // Selected against ATen's CPU kernel, whose results are copied into ours
+  // (its statistics may be in the parameters' dtype).
+  const kselect::Key key = kselect::makeKey(
+      kselect::Op::kLayerNorm, input.scalar_type(), {rows, cols},
+      (wc.defined() ? kselect::kWeight : 0) | (bc.defined() ? kselect::kBias : 0));
+  kselect::launchSelected(
+      device, "aten::native_layer_norm", key, kernelThreads(2 * rows * cols),
+      [&] {
+        return [=, dt = *dt, wdt = *wdt, xp = x.const_data_ptr(), yp = out.data_ptr(),
+                mp = mean.data_ptr<float>(), rp = rstd.data_ptr<float>()] {
+          k::layer_norm_forward(dt, rows, cols, xp, cols, wdt, w, b, eps, yp, mp, rp);
+        };
+      },
+      [&] {
+        return [cx = cpu_kernel::capture(x), cw = cpu_kernel::capture(wc),
+                cb = cpu_kernel::capture(bc), co = cpu_kernel::capture(out),
+                cm = cpu_kernel::capture(mean), cr = cpu_kernel::capture(rstd),
+                shape = normalized_shape.vec(), eps] {
+          auto [y, m, r] = at::cpu::native_layer_norm(
+              cx.view(), shape, cw.defined() ? std::optional<at::Tensor>(cw.view()) : std::nullopt,
+              cb.defined() ? std::optional<at::Tensor>(cb.view()) : std::nullopt, eps);
+          co.view().copy_(y);
+          cm.view().copy_(m);
+          cr.view().copy_(r);
+        };
+      });
   return {out, mean, rstd};
 }
 
@@ -230,12 +252,31 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input,
   at::Tensor rstd = emptyDevice(stat_shape, at::kFloat, device);
   if (rows * cols == 0) return {out, rstd};
   const at::Tensor w = weight.defined() ? weight.contiguous() : weight;
-  launch(device, "aten::_fused_rms_norm",
-         [=, dt = *dt, wdt = *wdt, xp = x.const_data_ptr(),
-          wp = w.defined() ? w.const_data_ptr() : nullptr, yp = out.data_ptr(),
-          rp = rstd.data_ptr<float>()] {
-           k::rms_norm_forward(dt, rows, cols, xp, cols, wdt, wp, e, yp, rp);
-         }, kernelThreads(2 * rows * cols));
+  // Selected against ATen's composite (what the CPU runs for F.rms_norm), in
+  // float32 as ATen computes for 16-bit inputs, then written into out and rstd.
+  const kselect::Key key =
+      kselect::makeKey(kselect::Op::kRmsNorm, input.scalar_type(), {rows, cols},
+                       w.defined() ? kselect::kWeight : 0);
+  kselect::launchSelected(
+      device, "aten::_fused_rms_norm", key, kernelThreads(2 * rows * cols),
+      [&] {
+        return [=, dt = *dt, wdt = *wdt, xp = x.const_data_ptr(),
+                wp = w.defined() ? w.const_data_ptr() : nullptr, yp = out.data_ptr(),
+                rp = rstd.data_ptr<float>()] {
+          k::rms_norm_forward(dt, rows, cols, xp, cols, wdt, wp, e, yp, rp);
+        };
+      },
+      [&] {
+        return [cx = cpu_kernel::capture(x), cw = cpu_kernel::capture(w),
+                co = cpu_kernel::capture(out), cr = cpu_kernel::capture(rstd), rows, cols, e] {
+          const at::Tensor xf = cx.view().reshape({rows, cols}).to(at::kFloat);
+          const at::Tensor r = xf.pow(2).mean({1}, /*keepdim=*/true).add(e).rsqrt();
+          at::Tensor y = xf * r;
+          if (cw.defined()) y = y * cw.view().reshape({cols});
+          co.view().view({rows, cols}).copy_(y);
+          cr.view().view({rows, 1}).copy_(r);
+        };
+      });
   return {out, rstd};
 }
 
@@ -317,11 +358,21 @@ at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, bool half_to_float,
   const int64_t cols = self.size(-1);
   const int64_t rows = cols == 0 ? 0 : self.numel() / cols;
   if (rows == 0) return out;
-  launch(device, log ? "aten::_log_softmax" : "aten::_softmax",
-         [=, dt = *kernelDType(self.scalar_type()), xp = self.const_data_ptr(),
-          yp = out.data_ptr()] {
-           k::softmax_forward(dt, rows, cols, xp, cols, yp, log);
-         }, kernelThreads(2 * rows * cols));
+  const kselect::Key key = kselect::makeKey(
+      log ? kselect::Op::kLogSoftmax : kselect::Op::kSoftmax, self.scalar_type(), {rows, cols});
+  kselect::launchSelected(
+      device, log ? "aten::_log_softmax" : "aten::_softmax", key, kernelThreads(2 * rows * cols),
+      [&] {
+        return [=, dt = *kernelDType(self.scalar_type()), xp = self.const_data_ptr(),
+                yp = out.data_ptr()] { k::softmax_forward(dt, rows, cols, xp, cols, yp, log); };
+      },
+      [&] {
+        return [x = cpu_kernel::capture(self), y = cpu_kernel::capture(out), log] {
+          at::Tensor o = y.view();
+          if (log) at::cpu::_log_softmax_outf(x.view(), -1, false, o);
+          else at::cpu::_softmax_outf(x.view(), -1, false, o);
+        };
+      });
   return out;
 }
 
@@ -351,11 +402,25 @@ at::Tensor softmax_backward_impl(const at::Tensor& grad, const at::Tensor& outpu
   const int64_t cols = output.size(-1);
   const int64_t rows = cols == 0 ? 0 : output.numel() / cols;
   if (rows == 0) return dx;
-  launch(device, name,
-         [=, dt = *kernelDType(output.scalar_type()), gp = grad.const_data_ptr(),
-          yp = output.const_data_ptr(), dxp = dx.data_ptr()] {
-           k::softmax_backward(dt, rows, cols, gp, yp, dxp, log);
-         }, kernelThreads(3 * rows * cols));
+  const kselect::Key key = kselect::makeKey(
+      log ? kselect::Op::kLogSoftmaxBackward : kselect::Op::kSoftmaxBackward,
+      output.scalar_type(), {rows, cols});
+  kselect::launchSelected(
+      device, name, key, kernelThreads(3 * rows * cols),
+      [&] {
+        return [=, dt = *kernelDType(output.scalar_type()), gp = grad.const_data_ptr(),
+                yp = output.const_data_ptr(), dxp = dx.data_ptr()] {
+          k::softmax_backward(dt, rows, cols, gp, yp, dxp, log);
+        };
+      },
+      [&] {
+        return [g = cpu_kernel::capture(grad), y = cpu_kernel::capture(output),
+                d = cpu_kernel::capture(dx), dtype = output.scalar_type(), log] {
+          at::Tensor o = d.view();
+          if (log) at::cpu::_log_softmax_backward_data_outf(g.view(), y.view(), -1, dtype, o);
+          else at::cpu::_softmax_backward_data_outf(g.view(), y.view(), -1, dtype, o);
+        };
+      });
   return dx;
 }
 

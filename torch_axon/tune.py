@@ -1,0 +1,135 @@
+"""The axon device's kernel selection table (csrc/aten/KernelSelect.h).
+
+For ops where axon has a kernel of its own (kernels/) and ATen has a CPU kernel
+(MKL, oneDNN), the device runs whichever measured faster on this machine, per
+(op, dtype, shape class, layout).  A shape class is the ceil(log2) bucket of each
+dimension that matters (linear: m, k, n; softmax and norms: rows, cols), shown as
+its upper bound ("k<=512" holds 257..512).  The table lives in
+``${AXON_CACHE_DIR:-~/.cache/torch_axon}/kernel_select-<machine hash>.json``.
+
+    python -m torch_axon.tune            # print the table
+    python -m torch_axon.tune --run      # measure the standard shapes, then print
+    python -m torch_axon.tune --clear    # delete this machine's table
+
+``--run`` measures the shapes of the ~56M-parameter Llama of benchmarks/generate.py
+(hidden 512, intermediate 1408, vocab 32000, 8 heads of 64): decode at batch 1 and 8
+and a 128-token prefill, in float32, bfloat16 and float16.
+AXON_KERNEL_SELECT=own|library|auto (default auto) forces a side;
+AXON_KERNEL_SELECT_CACHE=0 keeps the table in memory only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+HIDDEN, INTERMEDIATE, VOCAB, HEADS, HEAD_DIM = 512, 1408, 32000, 8, 64
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+COLUMNS = ("op", "dtype", "shape class", "layout", "choice", "source", "own us", "library us",
+           "own runs", "library runs")
+
+
+def _C():
+    import torch_axon  # noqa: F401  (registers the device)
+    from torch_axon import _C
+    return _C
+
+
+def table() -> list[tuple]:
+    """The rows (op, dtype, shape class, layout, choice, source, own us, library us,
+    own runs, library runs); times are -1 where not measured."""
+    return [tuple(r) for r in _C()._kernel_select_table()]
+
+
+def path() -> str:
+    """This machine's table file ('' when AXON_KERNEL_SELECT_CACHE=0)."""
+    _C()
+    return torch.ops.axon._kernel_select_path()
+
+
+def _fmt_us(v: float) -> str:
+    if v < 0:
+        return "-"
+    return "inf" if v == float("inf") else f"{v:.1f}"
+
+
+def format_table(rows: list[tuple]) -> str:
+    cells = [list(COLUMNS)] + [[str(r[0]), r[1], r[2], r[3], r[4], r[5], _fmt_us(r[6]),
+                                _fmt_us(r[7]), str(r[8]), str(r[9])] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    right = {6, 7, 8, 9}
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c.rjust(w) if i in right else c.ljust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _run_standard(device: str = "axon") -> None:
+    """One call of each op at the standard shapes; the first launch of each key measures."""
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape, dtype, grad=False):
+        t = torch.randn(shape, generator=g).to(dtype).to(device)
+        return t.requires_grad_(grad)
+
+    linears = [(HIDDEN, HIDDEN), (HIDDEN, INTERMEDIATE), (INTERMEDIATE, HIDDEN), (HIDDEN, VOCAB)]
+    for dt in DTYPES:
+        for batch in (1, 8):
+            for k, n in linears:
+                x, w = rand(batch, k, dtype=dt), rand(n, k, dtype=dt)
+                F.linear(x, w)
+                F.linear(x, w, rand(n, dtype=dt))
+        for rows in (1, 8, 128):
+            x = rand(rows, HIDDEN, dtype=dt, grad=True)
+            w = rand(HIDDEN, dtype=dt, grad=True)
+            b = rand(HIDDEN, dtype=dt, grad=True)
+            for y in (F.rms_norm(x, (HIDDEN,), w, 1e-6),
+                      F.layer_norm(x, (HIDDEN,), w, b, 1e-5)):
+                y.backward(torch.ones_like(y))
+        # sampling over the vocabulary; attention scores of the prefill
+        for shape in ((1, VOCAB), (8, VOCAB), (1, HEADS, 128, 128)):
+            for fn in (torch.softmax, torch.log_softmax):
+                x = rand(*shape, dtype=dt, grad=True)
+                y = fn(x, dim=-1)
+                y.backward(torch.ones_like(y))
+        torch.axon.synchronize()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torch_axon.tune",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", action="store_true", help="measure the standard shapes first")
+    p.add_argument("--clear", action="store_true", help="delete this machine's table file")
+    a = p.parse_args(argv)
+    _C()
+    file = path()
+    if a.clear:
+        if file and os.path.exists(file):
+            os.remove(file)
+            print(f"removed {file}")
+        else:
+            print(f"no table file{' at ' + file if file else ''}")
+        torch.ops.axon._kernel_select_reset()
+        if not a.run:
+            return 0
+    if a.run:
+        mode = os.environ.get("AXON_KERNEL_SELECT", "").strip().lower()
+        if mode in ("own", "library"):
+            print(f"AXON_KERNEL_SELECT={mode}: nothing is measured", file=sys.stderr)
+        _run_standard()
+    print(f"machine: {torch.ops.axon._kernel_select_machine()}")
+    print(f"table:   {file or '(in memory only: AXON_KERNEL_SELECT_CACHE=0)'}")
+    rows = table()
+    print(format_table(rows) if rows else "(empty)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
