@@ -22,7 +22,7 @@ import _common as C  # noqa: E402
 
 CASES = {
     "x + 1 (1K fp32)": lambda x: x + 1,
-    "x * y (1K fp32)": lambda x: x * x,
+    "x * x (1K fp32)": lambda x: x * x,
     "x.sum() (1K fp32)": lambda x: x.sum(),
     "x.view(32, 32).t().contiguous()": lambda x: x.view(32, 32).t().contiguous(),
 }
