@@ -377,11 +377,13 @@ void measure(const Key& key, const std::function<void()>& own,
     best_own = std::min(best_own, timed(own));
     last = Impl::kOwn;
     if (!library_ok) break;
+    // Set before the call: a library kernel that throws may have written part
+    // of the outputs, so ours must run again at the end.
+    last = Impl::kLibrary;
     try {
       // ATen's kernels' nested ops work on plain CPU buffers: no autograd.
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       best_lib = std::min(best_lib, timed(library));
-      last = Impl::kLibrary;
     } catch (const std::exception&) {
       library_ok = false;  // never chosen
       best_lib = std::numeric_limits<double>::infinity();
