@@ -416,7 +416,10 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
     return c10::DataPtr(block->ptr, block, &deleter, dev);
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return &deleter; }
+  // No raw interface: it requires the context to be the data pointer, and
+  // ours is the block (c10::Allocator::raw_allocate asserts, raw_deallocate
+  // refuses, instead of handing deleter a data pointer as a Block*).
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     rt_call([&] {
