@@ -1,10 +1,13 @@
-"""The axon device's kernel selection table (csrc/aten/KernelSelect.h).
+"""The axon device's kernel selection and thread policy tables (csrc/aten/KernelSelect.h).
 
 For ops where axon has a kernel of its own (kernels/) and ATen has a CPU kernel
-(MKL, oneDNN), the device runs whichever measured faster on this machine, per
-(op, dtype, shape class, layout).  A shape class is the ceil(log2) bucket of each
-dimension that matters (linear: m, k, n; softmax and norms: rows, cols), shown as
-its upper bound ("k<=512" holds 257..512).  The table lives in
+(MKL, oneDNN), the device runs whichever measured faster on this machine, on the
+stream worker alone or on its thread team, per (op, dtype, shape class, layout).  A
+shape class is the ceil(log2) bucket of each dimension that matters (linear: m, k, n;
+softmax and norms: rows, cols; attention: batch*heads, q, kv, head dim), shown as its
+upper bound ("k<=512" holds 257..512).  Every other kernel runs on the worker or the
+team as timed trials of its first launches decided, per (kernel, elements class).
+Both tables live in
 ``${AXON_CACHE_DIR:-~/.cache/torch_axon}/kernel_select-<machine hash>.json``.
 
     python -m torch_axon.tune            # print the table
@@ -13,9 +16,11 @@ its upper bound ("k<=512" holds 257..512).  The table lives in
 
 ``--run`` measures the shapes of the ~56M-parameter Llama of benchmarks/generate.py
 (hidden 512, intermediate 1408, vocab 32000, 8 heads of 64): decode at batch 1 and 8
-and a 128-token prefill, in float32, bfloat16 and float16.
-AXON_KERNEL_SELECT=own|library|auto (default auto) forces a side;
-AXON_KERNEL_SELECT_CACHE=0 keeps the table in memory only.
+and a 128-token prefill (linear, norms, softmax, attention, forward and backward, and
+a few elementwise kernels for the thread policy), in float32, bfloat16 and float16.
+AXON_KERNEL_SELECT=own|library|auto (default auto) forces a kernel,
+AXON_KERNEL_THREADS=worker|team|auto (default auto) the threads;
+AXON_KERNEL_SELECT_CACHE=0 keeps the tables in memory only.
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ import torch
 
 HIDDEN, INTERMEDIATE, VOCAB, HEADS, HEAD_DIM = 512, 1408, 32000, 8, 64
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-COLUMNS = ("op", "dtype", "shape class", "layout", "choice", "source", "own us", "library us",
-           "own runs", "library runs")
+COLUMNS = ("op", "dtype", "shape class", "layout", "choice", "threads", "source",
+           "own/worker us", "own/team us", "library/worker us", "library/team us", "own runs",
+           "library runs")
+THREAD_COLUMNS = ("kernel", "elements", "threads", "source", "worker us", "team us",
+                  "worker runs", "team runs")
 
 
 def _C():
@@ -39,9 +47,16 @@ def _C():
 
 
 def table() -> list[tuple]:
-    """The rows (op, dtype, shape class, layout, choice, source, own us, library us,
-    own runs, library runs); times are -1 where not measured."""
+    """The rows (op, dtype, shape class, layout, choice, threads, source, own/worker us,
+    own/team us, library/worker us, library/team us, own runs, library runs); times are
+    -1 where not measured, inf where ATen's kernel failed."""
     return [tuple(r) for r in _C()._kernel_select_table()]
+
+
+def thread_table() -> list[tuple]:
+    """The rows (kernel, elements class, threads, source, worker us, team us, worker runs,
+    team runs) of the thread policy."""
+    return [tuple(r) for r in _C()._thread_policy_table()]
 
 
 def path() -> str:
@@ -56,11 +71,12 @@ def _fmt_us(v: float) -> str:
     return "inf" if v == float("inf") else f"{v:.1f}"
 
 
-def format_table(rows: list[tuple]) -> str:
-    cells = [list(COLUMNS)] + [[str(r[0]), r[1], r[2], r[3], r[4], r[5], _fmt_us(r[6]),
-                                _fmt_us(r[7]), str(r[8]), str(r[9])] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    right = {6, 7, 8, 9}
+def format_table(rows: list[tuple], columns: tuple = COLUMNS) -> str:
+    times = {i for i, c in enumerate(columns) if c.endswith(" us")}
+    right = times | {i for i, c in enumerate(columns) if c.endswith(" runs")}
+    cells = [list(columns)] + [[_fmt_us(v) if i in times else str(v) for i, v in enumerate(r)]
+                               for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = []
     for n, row in enumerate(cells):
         lines.append("  ".join(c.rjust(w) if i in right else c.ljust(w)
@@ -86,6 +102,15 @@ def _run_standard(device: str = "axon") -> None:
                 x, w = rand(batch, k, dtype=dt), rand(n, k, dtype=dt)
                 F.linear(x, w)
                 F.linear(x, w, rand(n, dtype=dt))
+        # attention: a 128-token prefill (causal) and a decode step over 128 cached tokens,
+        # forward and backward
+        for batch in (1, 8):
+            for q_len, causal in ((128, True), (1, False)):
+                q = rand(batch, HEADS, q_len, HEAD_DIM, dtype=dt, grad=True)
+                k = rand(batch, HEADS, 128, HEAD_DIM, dtype=dt, grad=True)
+                v = rand(batch, HEADS, 128, HEAD_DIM, dtype=dt, grad=True)
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                y.backward(torch.ones_like(y))
         for rows in (1, 8, 128):
             x = rand(rows, HIDDEN, dtype=dt, grad=True)
             w = rand(HIDDEN, dtype=dt, grad=True)
@@ -99,6 +124,13 @@ def _run_standard(device: str = "axon") -> None:
                 x = rand(*shape, dtype=dt, grad=True)
                 y = fn(x, dim=-1)
                 y.backward(torch.ones_like(y))
+        # elementwise kernels of a prefill (the thread policy's trials: a few launches each)
+        for shape in ((128, HIDDEN), (128, INTERMEDIATE), (8, VOCAB)):
+            x, y = rand(*shape, dtype=dt), rand(*shape, dtype=dt)
+            for _ in range(8):
+                x * y
+                x + y
+                F.silu(x)
         torch.axon.synchronize()
 
 
@@ -120,14 +152,22 @@ def main(argv: list[str] | None = None) -> int:
         if not a.run:
             return 0
     if a.run:
-        mode = os.environ.get("AXON_KERNEL_SELECT", "").strip().lower()
-        if mode in ("own", "library"):
-            print(f"AXON_KERNEL_SELECT={mode}: nothing is measured", file=sys.stderr)
+        for var, values in (("AXON_KERNEL_SELECT", ("own", "library")),
+                            ("AXON_KERNEL_THREADS", ("worker", "team"))):
+            mode = os.environ.get(var, "").strip().lower()
+            if mode in values:
+                print(f"{var}={mode}: only what it leaves open is measured", file=sys.stderr)
         _run_standard()
+        torch.ops.axon._kernel_select_save()
     print(f"machine: {torch.ops.axon._kernel_select_machine()}")
     print(f"table:   {file or '(in memory only: AXON_KERNEL_SELECT_CACHE=0)'}")
     rows = table()
     print(format_table(rows) if rows else "(empty)")
+    threads = thread_table()
+    if threads:
+        print()
+        print("thread policy:")
+        print(format_table(threads, THREAD_COLUMNS))
     return 0
 
 

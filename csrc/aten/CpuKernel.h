@@ -25,6 +25,7 @@
 #include <c10/util/bit_cast.h>
 
 #include "HostView.h"
+#include "KernelSelect.h"
 #include "Launch.h"
 #include "OpDevice.h"
 
@@ -203,7 +204,7 @@ void add_signature(Signature& s, const T& v) {
   }
 }
 
-// ---- the elements the tensor arguments hold (see kernelThreads)
+// ---- the elements the tensor arguments hold (the thread policy's size: KernelSelect.h)
 inline void add_elements(int64_t& n, const DeviceView& v) {
   if (!v.on_device) return;
   int64_t e = 1;
@@ -326,7 +327,8 @@ void launchCpuKernel(c10::DeviceIndex device, const char* name, Fn fn, const Arg
     (cpu_kernel::add_signature(signature, c), ...);
     (cpu_kernel::add_elements(elements, c), ...);
   }, work->captured());
-  launchChecked(device, name, signature.hash, kernelThreads(elements), std::move(work));
+  const int threads = kselect::threadsFor(name, elements, *work);
+  launchChecked(device, name, signature.hash, threads, std::move(work));
 }
 
 }  // namespace at::axon

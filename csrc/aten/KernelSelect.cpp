@@ -14,11 +14,13 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
 
+#include <ATen/TensorIterator.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 #include <torch/headeronly/version.h>
@@ -29,27 +31,51 @@
 namespace at::axon::kselect {
 namespace {
 
-// Measurement bounds: each side runs at least twice and at most kMaxReps
-// times; no new pair starts once kBudgetUs has passed.
+// Measurement bounds: each variant runs once untimed, then at least twice
+// and at most kMaxReps times; no new round starts once half of kBudgetUs has
+// passed (per kernel: ours, then ATen's).
 constexpr int kMaxReps = 5;
-constexpr double kBudgetUs = 20000.0;
-// ATen's kernel wins when it is faster by this factor: ties (within a shared
-// machine's noise) keep our kernel, which runs on fewer threads.
+constexpr double kBudgetUs = 40000.0;
+// Handicaps (see KernelSelect.h): ATen's kernel wins when it is faster by
+// this factor, so ties (within a shared machine's noise) keep ours ...
 constexpr double kLibraryMargin = 0.95;
+// ... and the team when it is faster by this one: its second thread takes
+// the core the host dispatches the next kernels from (decoding a 56M Llama
+// on 2 cores, every linear on the team: 9.0 -> 9.7 ms per token although
+// each kernel alone was faster).
+constexpr double kTeamMargin = 0.75;
+// Timed runs per side before the thread policy decides.
+constexpr int kTrialRuns = 3;
+// The table file is rewritten at most this often (and at exit).
+constexpr double kSaveIntervalS = 1.0;
 
 enum class Source : uint8_t { kPending, kMeasured, kLoaded, kUnmeasured };
 
+constexpr bool isLibrary(int v) { return v >= 2; }
+constexpr bool isTeam(int v) { return (v & 1) != 0; }
+Choice variantChoice(int v) { return Choice{isLibrary(v) ? Impl::kLibrary : Impl::kOwn,
+                                            isTeam(v) ? 0 : 1}; }
+double handicap(int v) {
+  return (isLibrary(v) ? 1.0 / kLibraryMargin : 1.0) * (isTeam(v) ? 1.0 / kTeamMargin : 1.0);
+}
+
 struct Entry {
-  Key key;
+  Key key{};
   Source source = Source::kUnmeasured;
-  Impl impl = Impl::kOwn;
-  double own_us = 0, library_us = 0;
-  int64_t own_runs = 0, library_runs = 0;
+  // Minimum time of each variant; -1: not measured; inf: failed (never chosen).
+  std::array<double, kVariants> us{-1, -1, -1, -1};
+  // The full auto mode's choice (measured, or as the table file says).
+  int auto_variant = -1;
+  std::atomic<int64_t> own_runs{0}, library_runs{0};
+  // Trials (kernels that update their inputs): launches issued and timed runs.
+  std::array<int64_t, kVariants> trial_issued{};
+  std::array<int, kVariants> trial_timed{};
 };
 
 const char* const kOpNames[] = {"linear",           "softmax",           "log_softmax",
                                 "softmax_backward", "log_softmax_backward", "layer_norm",
-                                "layer_norm_backward", "rms_norm",        "rms_norm_backward"};
+                                "layer_norm_backward", "rms_norm",        "rms_norm_backward",
+                                "attention",        "attention_backward", "adam"};
 static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == static_cast<size_t>(Op::kCount));
 
 const char* dtypeName(c10::ScalarType t) {
@@ -63,11 +89,16 @@ const char* dtypeName(c10::ScalarType t) {
 }
 
 std::string shapeName(const Key& k) {
-  static const char* const linear[] = {"m", "k", "n"};
-  static const char* const rows[] = {"rows", "cols", ""};
-  const char* const* names = k.op == Op::kLinear ? linear : rows;
+  static const char* const linear[] = {"m", "k", "n", ""};
+  static const char* const rows[] = {"rows", "cols", "", ""};
+  static const char* const attention[] = {"bh", "q", "kv", "d"};
+  static const char* const adam[] = {"elements", "tensors", "", ""};
+  const char* const* names =
+      k.op == Op::kLinear ? linear
+      : (k.op == Op::kAttention || k.op == Op::kAttentionBackward) ? attention
+      : k.op == Op::kAdam ? adam : rows;
   std::string s;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     if (names[i][0] == '\0') break;
     if (!s.empty()) s += ' ';
     s += names[i];
@@ -76,15 +107,22 @@ std::string shapeName(const Key& k) {
   return s;
 }
 
-std::string layoutName(uint8_t layout) {
+std::string layoutName(const Key& k) {
+  const bool attention = k.op == Op::kAttention || k.op == Op::kAttentionBackward;
+  const bool adam = k.op == Op::kAdam;
   std::string s;
   auto add = [&](const char* f) {
     if (!s.empty()) s += ',';
     s += f;
   };
-  if (layout & kWeight) add("weight");
-  if (layout & kBias) add("bias");
-  if (layout & kStrided) add("strided");
+  if (k.layout & kWeight) add("weight");
+  if (k.layout & kBias) add("bias");
+  if (k.layout & kStrided) add("strided");
+  if (k.layout & 8) add(attention ? "causal" : adam ? "amsgrad" : "flag8");
+  if (k.layout & 16) add(attention ? "mask" : adam ? "grad_scale" : "flag16");
+  if (k.layout & 32) add("flag32");
+  if (k.layout & 64) add("flag64");
+  if (k.layout & 128) add("flag128");
   return s.empty() ? "-" : s;
 }
 
@@ -92,34 +130,78 @@ Key unpack(uint64_t p) {
   Key k;
   k.op = static_cast<Op>(p & 0xff);
   k.dtype = static_cast<c10::ScalarType>((p >> 8) & 0xff);
-  k.dims = {static_cast<uint8_t>((p >> 16) & 0xff), static_cast<uint8_t>((p >> 24) & 0xff),
-            static_cast<uint8_t>((p >> 32) & 0xff)};
-  k.layout = static_cast<uint8_t>((p >> 40) & 0xff);
+  for (int i = 0; i < 4; ++i) k.dims[i] = static_cast<uint8_t>((p >> (16 + 8 * i)) & 0xff);
+  k.layout = static_cast<uint8_t>((p >> 48) & 0xff);
   return k;
 }
 
-// ------------------------------------------------------------ mode
+// ------------------------------------------------------------ modes
 
-// The AXON_KERNEL_SELECT parser, with the runtime's wording (axon/env.h).
-Mode envMode() {
-  const char* v = std::getenv("AXON_KERNEL_SELECT");
-  if (v == nullptr) return Mode::kAuto;
+std::string envValue(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return "";
   std::string s(v);
   s.erase(0, s.find_first_not_of(" \t"));
   s.erase(s.find_last_not_of(" \t") + 1);
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// The AXON_KERNEL_SELECT / AXON_KERNEL_THREADS parsers, with the runtime's
+// wording (axon/env.h).
+Mode envMode() {
+  const std::string s = envValue("AXON_KERNEL_SELECT");
   if (s.empty() || s == "auto") return Mode::kAuto;
   if (s == "own") return Mode::kOwn;
   if (s == "library") return Mode::kLibrary;
   std::fprintf(stderr,
                "axon: ignoring AXON_KERNEL_SELECT='%s' (expected own, library or auto); using "
                "auto\n",
-               v);
+               std::getenv("AXON_KERNEL_SELECT"));
   return Mode::kAuto;
 }
 
-// -1: the environment's; else a Mode set by _set_kernel_select.
+ThreadsMode envThreadsMode() {
+  const std::string s = envValue("AXON_KERNEL_THREADS");
+  if (s.empty() || s == "auto") return ThreadsMode::kAuto;
+  if (s == "worker") return ThreadsMode::kWorker;
+  if (s == "team") return ThreadsMode::kTeam;
+  std::fprintf(stderr,
+               "axon: ignoring AXON_KERNEL_THREADS='%s' (expected worker, team or auto); using "
+               "auto\n",
+               std::getenv("AXON_KERNEL_THREADS"));
+  return ThreadsMode::kAuto;
+}
+
+// -1: the environment's; else a mode set in-process.
 std::atomic<int> mode_override{-1};
+std::atomic<int> threads_override{-1};
+
+// Bumped whenever a choice may change (a measurement ends, a table is read or
+// forgotten, a mode is set): the per-thread caches start over.
+std::atomic<uint64_t> generation{1};
+void bump() { generation.fetch_add(1, std::memory_order_release); }
+
+// Whether the team has more than one thread (on the host: the process's
+// default, which stream workers inherit).
+bool teamAvailable() {
+  static const bool available = kernelTeamSize() > 1;
+  return available;
+}
+
+// The variants the modes allow.
+uint8_t allowedVariants() {
+  uint8_t mask = 0xf;
+  switch (mode()) {
+    case Mode::kOwn: mask &= 0b0011; break;
+    case Mode::kLibrary: mask &= 0b1100; break;
+    case Mode::kAuto: break;
+  }
+  const ThreadsMode t = threadsMode();
+  if (t == ThreadsMode::kWorker || !teamAvailable()) mask &= 0b0101;
+  else if (t == ThreadsMode::kTeam) mask &= 0b1010;
+  return mask;
+}
 
 // ------------------------------------------------------------ the machine
 
@@ -166,7 +248,7 @@ std::string cachePath() {
     return "";
   }
   uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a of the format and the machine
-  for (unsigned char c : std::string("kernel_select 1; ") + machine()) {
+  for (unsigned char c : std::string("kernel_select 2; ") + machine()) {
     hash = (hash ^ c) * 0x100000001b3ULL;
   }
   char name[64];
@@ -175,21 +257,72 @@ std::string cachePath() {
   return dir + name;
 }
 
-// ------------------------------------------------------------ the table
+// ------------------------------------------------------------ the tables
 
 std::mutex table_mutex;
-std::unordered_map<uint64_t, Entry> entries;  // guarded by table_mutex
-bool loaded = false;                          // guarded by table_mutex
-std::mutex file_mutex;                        // one writer per process
+// Entries are never freed (the per-thread caches and in-flight trials point
+// at them); forgetting the table marks them unmeasured.
+std::unordered_map<uint64_t, std::unique_ptr<Entry>> entries;  // guarded by table_mutex
+bool loaded = false;                                           // guarded by table_mutex
+std::mutex file_mutex;                                         // one writer per process
+
+// Thread policy entries, by (kernel name, elements class).
+struct ThreadEntry final : TimedRun {
+  std::string kernel;
+  uint8_t elements = 0;
+  Source source = Source::kUnmeasured;  // guarded by table_mutex
+  int threads = 1;                      // the choice once measured or loaded
+  double best[2] = {-1, -1};            // worker, team; -1: none timed
+  int timed[2] = {0, 0};
+  int64_t issued[2] = {0, 0};
+  std::atomic<int64_t> runs[2] = {0, 0};
+  void record(int threads, double us) override;
+};
+struct NameKey {
+  const void* name;
+  uint8_t elements;
+  bool operator==(const NameKey& o) const { return name == o.name && elements == o.elements; }
+};
+struct NameKeyHash {
+  size_t operator()(const NameKey& k) const {
+    return std::hash<const void*>()(k.name) * 31 + k.elements;
+  }
+};
+std::unordered_map<NameKey, ThreadEntry*, NameKeyHash> thread_entries;  // guarded by table_mutex
+// What the table file says, by (kernel name, elements class): the entries
+// created for a name read it when first seen.
+struct FileThreadEntry {
+  std::string kernel;
+  uint8_t elements;
+  int threads;
+  double worker_us, team_us;
+};
+std::unordered_map<std::string, FileThreadEntry> file_threads;  // guarded by table_mutex
+std::string fileThreadKey(const std::string& kernel, uint8_t elements) {
+  return kernel + "#" + std::to_string(elements);
+}
+
+bool dirty = false;                       // guarded by table_mutex
+std::chrono::steady_clock::time_point last_save{};  // guarded by table_mutex
 
 const char* implName(Impl i) { return i == Impl::kOwn ? "own" : "library"; }
+const char* threadsName(int threads) { return threads == 1 ? "worker" : "team"; }
+const char* const kVariantFields[kVariants] = {"own_worker_us", "own_team_us",
+                                               "library_worker_us", "library_team_us"};
 
-// The entries of a table file: the flat objects with a "key" (a JSON reader
-// for what save() writes, also after a tool re-indented it).
-std::vector<Entry> readFile(const std::string& path) {
-  std::vector<Entry> out;
+struct FileEntry {
+  uint64_t packed;
+  int auto_variant;
+  std::array<double, kVariants> us;
+};
+
+// The entries of a table file: the flat objects with a "key" (selection) or
+// a "kernel" (thread policy) (a JSON reader for what save() writes, also
+// after a tool re-indented it).
+void readFile(const std::string& path, std::vector<FileEntry>& out,
+              std::vector<FileThreadEntry>& threads_out) {
   std::ifstream f(path);
-  if (!f) return out;
+  if (!f) return;
   std::stringstream buffer;
   buffer << f.rdbuf();
   const std::string text = buffer.str();
@@ -206,34 +339,80 @@ std::vector<Entry> readFile(const std::string& path) {
       p = obj.find_first_not_of(" \t\r\n", p + 1);
       return p == std::string::npos ? nullptr : obj.c_str() + p;
     };
-    const char* key = field("key");
-    const char* choice = field("choice");
-    const char* own = field("own_us");
-    const char* lib = field("library_us");
-    if (!key || !choice || !own || !lib || *key != '"' || *choice != '"') continue;
+    auto string_field = [&](const char* name) -> std::optional<std::string> {
+      const char* v = field(name);
+      if (v == nullptr || *v != '"') return std::nullopt;
+      const char* close = std::strchr(v + 1, '"');
+      if (close == nullptr) return std::nullopt;
+      return std::string(v + 1, close);
+    };
+    auto number = [&](const char* name) -> double {
+      const char* v = field(name);
+      return v == nullptr ? -1.0 : std::strtod(v, nullptr);
+    };
+    const auto threads = string_field("threads");
+    if (!threads || (*threads != "worker" && *threads != "team")) continue;
+    const int team = *threads == "team" ? 1 : 0;
+    if (const auto kernel = string_field("kernel")) {
+      const double cls = number("elements_class");
+      if (cls < 0 || cls > 62) continue;
+      threads_out.push_back(FileThreadEntry{*kernel, static_cast<uint8_t>(cls), team ? 0 : 1,
+                                            number("worker_us"), number("team_us")});
+      continue;
+    }
+    const auto key = string_field("key");
+    const auto choice = string_field("choice");
+    if (!key || !choice) continue;
     char* stop = nullptr;
-    const uint64_t packed = std::strtoull(key + 1, &stop, 16);
-    if (stop == key + 1 || *stop != '"') continue;
-    Entry e;
-    e.key = unpack(packed);
-    if (e.key.op >= Op::kCount || e.key.packed() != packed) continue;
-    if (std::strncmp(choice, "\"own\"", 5) == 0) e.impl = Impl::kOwn;
-    else if (std::strncmp(choice, "\"library\"", 9) == 0) e.impl = Impl::kLibrary;
+    const uint64_t packed = std::strtoull(key->c_str(), &stop, 16);
+    if (stop == key->c_str() || *stop != '\0') continue;
+    const Key k = unpack(packed);
+    if (k.op >= Op::kCount || k.packed() != packed) continue;
+    int impl;
+    if (*choice == "own") impl = 0;
+    else if (*choice == "library") impl = 1;
     else continue;
-    e.own_us = std::strtod(own, nullptr);
-    e.library_us = std::strtod(lib, nullptr);
-    e.source = Source::kLoaded;
+    FileEntry e{packed, impl * 2 + team, {}};
+    for (int v = 0; v < kVariants; ++v) e.us[v] = number(kVariantFields[v]);
     out.push_back(e);
   }
-  return out;
 }
+
+void saveAtExit();
 
 void loadLocked() {
   if (loaded) return;
   loaded = true;
   const std::string path = cachePath();
   if (path.empty()) return;
-  for (const Entry& e : readFile(path)) entries.emplace(e.key.packed(), e);
+  static std::once_flag at_exit;
+  std::call_once(at_exit, [] { std::atexit(saveAtExit); });
+  std::vector<FileEntry> file;
+  std::vector<FileThreadEntry> file_thread;
+  readFile(path, file, file_thread);
+  for (const FileEntry& f : file) {
+    auto& slot = entries[f.packed];
+    if (!slot) slot = std::make_unique<Entry>();
+    Entry& e = *slot;
+    if (e.source == Source::kMeasured || e.source == Source::kPending) continue;
+    e.key = unpack(f.packed);
+    e.source = Source::kLoaded;
+    e.us = f.us;
+    e.auto_variant = f.auto_variant;
+  }
+  for (const FileThreadEntry& f : file_thread) {
+    file_threads[fileThreadKey(f.kernel, f.elements)] = f;
+  }
+  for (auto& [k, t] : thread_entries) {
+    if (t->source != Source::kUnmeasured) continue;
+    auto it = file_threads.find(fileThreadKey(t->kernel, t->elements));
+    if (it == file_threads.end()) continue;
+    t->source = Source::kLoaded;
+    t->threads = it->second.threads;
+    t->best[0] = it->second.worker_us;
+    t->best[1] = it->second.team_us;
+  }
+  bump();
 }
 
 std::string jsonString(const std::string& s) {
@@ -245,11 +424,21 @@ std::string jsonString(const std::string& s) {
   return o + "\"";
 }
 
+std::string jsonNumber(double v) {
+  if (v == std::numeric_limits<double>::infinity()) return "1e300";  // failed
+  std::ostringstream o;
+  o.precision(6);
+  o << v;
+  return o.str();
+}
+
 void mkdirs(const std::string& dir) {
   for (size_t p = 1; p <= dir.size(); ++p) {
     if (p == dir.size() || dir[p] == '/') ::mkdir(dir.substr(0, p).c_str(), 0755);
   }
 }
+
+bool known(Source s) { return s == Source::kMeasured || s == Source::kLoaded; }
 
 // Merges the file's entries with ours (ours win) and writes them back,
 // under an exclusive lock on <path>.lock, through <path>.<pid>.tmp + rename.
@@ -261,45 +450,140 @@ void save() {
   const int lock = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock < 0) return;
   ::flock(lock, LOCK_EX);
-  std::vector<Entry> all;
+  std::vector<FileEntry> file;
+  std::vector<FileThreadEntry> file_thread;
+  readFile(path, file, file_thread);
+  std::map<uint64_t, FileEntry> all;
+  std::map<std::string, FileThreadEntry> all_threads;
+  for (const FileEntry& f : file) all[f.packed] = f;
+  for (const FileThreadEntry& f : file_thread) {
+    all_threads[fileThreadKey(f.kernel, f.elements)] = f;
+  }
   {
     std::lock_guard<std::mutex> g(table_mutex);
-    for (const Entry& e : readFile(path)) {
-      auto [it, inserted] = entries.emplace(e.key.packed(), e);
-      (void)it;
-      (void)inserted;
-    }
     for (const auto& [k, e] : entries) {
-      if (e.source == Source::kMeasured || e.source == Source::kLoaded) all.push_back(e);
+      if (known(e->source) && e->auto_variant >= 0) all[k] = FileEntry{k, e->auto_variant, e->us};
     }
+    for (const auto& [k, t] : thread_entries) {
+      if (known(t->source)) {
+        all_threads[fileThreadKey(t->kernel, t->elements)] =
+            FileThreadEntry{t->kernel, t->elements, t->threads, t->best[0], t->best[1]};
+      }
+    }
+    dirty = false;
+    last_save = std::chrono::steady_clock::now();
   }
-  std::sort(all.begin(), all.end(),
-            [](const Entry& a, const Entry& b) { return a.key.packed() < b.key.packed(); });
   const std::string tmp = path + "." + std::to_string(::getpid()) + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
-    f << "{\n  \"format\": \"torch_axon kernel_select 1\",\n  \"machine\": "
-      << jsonString(machine()) << ",\n  \"entries\": [\n";
-    for (size_t i = 0; i < all.size(); ++i) {
-      const Entry& e = all[i];
+    f << "{\n  \"format\": \"torch_axon kernel_select 2\",\n  \"machine\": "
+      << jsonString(machine()) << ",\n  \"entries\": [";
+    const char* sep = "\n";
+    for (const auto& [packed, e] : all) {
+      const Key k = unpack(packed);
       char key[24];
-      std::snprintf(key, sizeof(key), "%016llx",
-                    static_cast<unsigned long long>(e.key.packed()));
-      std::ostringstream row;
-      row.precision(6);
-      row << "    {\"key\": \"" << key << "\", \"op\": \"" << kOpNames[static_cast<int>(e.key.op)]
-          << "\", \"dtype\": \"" << dtypeName(e.key.dtype) << "\", \"shape\": \""
-          << shapeName(e.key) << "\", \"layout\": \"" << layoutName(e.key.layout)
-          << "\", \"choice\": \"" << implName(e.impl) << "\", \"own_us\": " << e.own_us
-          << ", \"library_us\": " << e.library_us << "}" << (i + 1 < all.size() ? "," : "")
-          << "\n";
-      f << row.str();
+      std::snprintf(key, sizeof(key), "%016llx", static_cast<unsigned long long>(packed));
+      const Choice c = variantChoice(e.auto_variant);
+      f << sep << "    {\"key\": \"" << key << "\", \"op\": \""
+        << kOpNames[static_cast<int>(k.op)] << "\", \"dtype\": \"" << dtypeName(k.dtype)
+        << "\", \"shape\": \"" << shapeName(k) << "\", \"layout\": \"" << layoutName(k)
+        << "\", \"choice\": \"" << implName(c.impl) << "\", \"threads\": \""
+        << threadsName(c.threads) << "\"";
+      for (int v = 0; v < kVariants; ++v) {
+        f << ", \"" << kVariantFields[v] << "\": " << jsonNumber(e.us[v]);
+      }
+      f << "}";
+      sep = ",\n";
     }
-    f << "  ]\n}\n";
+    f << "\n  ],\n  \"threads\": [";
+    sep = "\n";
+    for (const auto& [name, t] : all_threads) {
+      f << sep << "    {\"kernel\": " << jsonString(t.kernel)
+        << ", \"elements_class\": " << static_cast<int>(t.elements) << ", \"elements\": \"<=2^"
+        << static_cast<int>(t.elements) << "\", \"threads\": \""
+        << threadsName(t.threads) << "\", \"worker_us\": " << jsonNumber(t.worker_us)
+        << ", \"team_us\": " << jsonNumber(t.team_us) << "}";
+      sep = ",\n";
+    }
+    f << "\n  ]\n}\n";
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
   ::flock(lock, LOCK_UN);
   ::close(lock);
+}
+
+void saveAtExit() {
+  bool pending;
+  {
+    std::lock_guard<std::mutex> g(table_mutex);
+    pending = dirty;
+  }
+  if (!pending) return;
+  try {
+    save();
+  } catch (...) {
+  }
+}
+
+// On the host, outside table_mutex: writes new entries, at most once per
+// kSaveIntervalS.
+void maybeSave() {
+  {
+    std::lock_guard<std::mutex> g(table_mutex);
+    if (!dirty) return;
+    const double since =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count();
+    if (since < kSaveIntervalS) return;
+  }
+  try {
+    save();
+  } catch (...) {  // the table stays in memory
+  }
+}
+
+// The variant with the smallest handicapped time among `mask`, or -1.
+int best(const std::array<double, kVariants>& us, uint8_t mask) {
+  int winner = -1;
+  double score = std::numeric_limits<double>::infinity();
+  for (int v = 0; v < kVariants; ++v) {
+    if (!(mask & (1 << v)) || us[v] < 0) continue;
+    const double s = us[v] * handicap(v);
+    if (s < score) {
+      score = s;
+      winner = v;
+    }
+  }
+  return winner;
+}
+
+uint8_t measuredMask(const Entry& e) {
+  uint8_t m = 0;
+  for (int v = 0; v < kVariants; ++v) {
+    if (e.us[v] >= 0) m |= 1 << v;
+  }
+  return m;
+}
+
+// ------------------------------------------------------------ per-thread caches
+
+struct CachedChoice {
+  uint64_t packed = 0;
+  uint64_t generation = 0;
+  Entry* entry = nullptr;
+  Choice choice{Impl::kOwn, 1};
+};
+struct CachedThreads {
+  const void* name = nullptr;
+  uint8_t elements = 0;
+  uint64_t generation = 0;
+  ThreadEntry* entry = nullptr;
+};
+constexpr size_t kCacheSlots = 64;
+thread_local std::array<CachedChoice, kCacheSlots> choice_cache;
+thread_local std::array<CachedThreads, kCacheSlots> threads_cache;
+
+void count(Entry& e, Impl impl) {
+  (impl == Impl::kOwn ? e.own_runs : e.library_runs).fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -311,16 +595,16 @@ uint8_t bucket(int64_t n) {
 }
 
 uint64_t Key::packed() const {
-  return static_cast<uint64_t>(op) | static_cast<uint64_t>(static_cast<uint8_t>(dtype)) << 8 |
-         static_cast<uint64_t>(dims[0]) << 16 | static_cast<uint64_t>(dims[1]) << 24 |
-         static_cast<uint64_t>(dims[2]) << 32 | static_cast<uint64_t>(layout) << 40;
+  uint64_t p = static_cast<uint64_t>(op) | static_cast<uint64_t>(static_cast<uint8_t>(dtype)) << 8;
+  for (int i = 0; i < 4; ++i) p |= static_cast<uint64_t>(dims[i]) << (16 + 8 * i);
+  return p | static_cast<uint64_t>(layout) << 48;
 }
 
 Key makeKey(Op op, c10::ScalarType dtype, std::initializer_list<int64_t> sizes, uint8_t layout) {
-  Key k{op, dtype, {0, 0, 0}, layout};
+  Key k{op, dtype, {0, 0, 0, 0}, layout};
   size_t i = 0;
   for (int64_t s : sizes) {
-    if (i < 3) k.dims[i++] = bucket(s);
+    if (i < 4) k.dims[i++] = bucket(s);
   }
   return k;
 }
@@ -332,106 +616,315 @@ Mode mode() {
   return env;
 }
 
-std::optional<Impl> choose(const Key& key) {
-  const Mode m = mode();
-  std::lock_guard<std::mutex> g(table_mutex);
-  if (m == Mode::kAuto) loadLocked();
-  auto [it, inserted] = entries.try_emplace(key.packed());
-  Entry& e = it->second;
-  if (inserted) e.key = key;
-  std::optional<Impl> c;
-  if (m == Mode::kOwn) {
-    c = Impl::kOwn;
-  } else if (m == Mode::kLibrary) {
-    c = Impl::kLibrary;
-  } else if (e.source == Source::kMeasured || e.source == Source::kLoaded) {
-    c = e.impl;
-  } else if (e.source == Source::kPending) {
-    c = Impl::kOwn;  // its measurement is queued
-  } else {
-    e.source = Source::kPending;
-    return std::nullopt;  // counted by measure()
-  }
-  ++(*c == Impl::kOwn ? e.own_runs : e.library_runs);
-  return c;
+ThreadsMode threadsMode() {
+  const int o = threads_override.load(std::memory_order_relaxed);
+  if (o >= 0) return static_cast<ThreadsMode>(o);
+  static const ThreadsMode env = envThreadsMode();
+  return env;
 }
 
-void measure(const Key& key, const std::function<void()>& own,
+Decision choose(const Key& key) {
+  const uint64_t packed = key.packed();
+  const uint64_t gen = generation.load(std::memory_order_acquire);
+  CachedChoice& slot = choice_cache[(packed * 0x9e3779b97f4a7c15ULL) >> 58];
+  if (slot.packed == packed && slot.generation == gen) {
+    count(*slot.entry, slot.choice.impl);
+    return Decision{slot.choice, 0};
+  }
+  maybeSave();
+  const uint8_t allowed = allowedVariants();
+  std::lock_guard<std::mutex> g(table_mutex);
+  loadLocked();
+  auto& ptr = entries[packed];
+  if (!ptr) ptr = std::make_unique<Entry>();
+  Entry& e = *ptr;
+  e.key = key;
+  std::optional<Choice> c;
+  if (__builtin_popcount(allowed) == 1) {
+    c = variantChoice(__builtin_ctz(allowed));
+  } else if (allowed == 0xf && known(e.source) && e.auto_variant >= 0) {
+    c = variantChoice(e.auto_variant);
+  } else if (known(e.source) && (allowed & ~measuredMask(e)) == 0 && best(e.us, allowed) >= 0) {
+    c = variantChoice(best(e.us, allowed));
+  } else if (e.source == Source::kPending) {
+    // Its measurement is queued: ours on the worker if the modes allow it.
+    count(e, (allowed & 0b0011) ? Impl::kOwn : Impl::kLibrary);
+    return Decision{variantChoice(__builtin_ctz(allowed)), 0};
+  } else {
+    e.source = Source::kPending;
+    return Decision{std::nullopt, allowed};  // counted by measure()
+  }
+  count(e, c->impl);
+  slot = CachedChoice{packed, gen, &e, *c};
+  return Decision{c, 0};
+}
+
+void measure(const Key& key, uint8_t mask, const std::function<void()>& own,
              const std::function<void()>& library) {
   using clock = std::chrono::steady_clock;
-  auto timed = [](const std::function<void()>& fn) {
-    const auto t0 = clock::now();
-    fn();
-    return std::chrono::duration<double, std::micro>(clock::now() - t0).count();
-  };
-  double best_own = std::numeric_limits<double>::infinity();
-  double best_lib = best_own;
+  if (kernelTeamSize() <= 1) mask &= 0b0101;
+  std::array<double, kVariants> us{-1, -1, -1, -1};
+  for (int v = 0; v < kVariants; ++v) {
+    if (mask & (1 << v)) us[v] = std::numeric_limits<double>::infinity();
+  }
   bool library_ok = true;
-  const auto start = clock::now();
-  Impl last = Impl::kOwn;
-  for (int rep = 0; rep < kMaxReps; ++rep) {
-    if (rep >= 2 &&
-        std::chrono::duration<double, std::micro>(clock::now() - start).count() > kBudgetUs) {
-      break;
+  // Runs variant v; false when ATen's kernel threw (it is never chosen).
+  auto run = [&](int v) {
+    setKernelThreads(isTeam(v) ? 0 : 1);
+    if (!isLibrary(v)) {
+      own();
+      return true;
     }
-    best_own = std::min(best_own, timed(own));
-    last = Impl::kOwn;
-    if (!library_ok) break;
-    // Set before the call: a library kernel that throws may have written part
-    // of the outputs, so ours must run again at the end.
-    last = Impl::kLibrary;
     try {
       // ATen's kernels' nested ops work on plain CPU buffers: no autograd.
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      best_lib = std::min(best_lib, timed(library));
+      library();
+      return true;
     } catch (const std::exception&) {
-      library_ok = false;  // never chosen
-      best_lib = std::numeric_limits<double>::infinity();
+      library_ok = false;
+      return false;
+    }
+  };
+  // Ours first, then ATen's, each round-robin over its thread variants with
+  // half the budget: ATen's kernels (MKL) leave their own threads spinning
+  // for a while, which would slow our team's runs right after them.
+  int last = -1;
+  for (int impl = 0; impl < 2; ++impl) {
+    const uint8_t group = mask & (impl == 0 ? 0b0011 : 0b1100);
+    if (group == 0) continue;
+    const auto start = clock::now();
+    // Round 0 warms up (a team's threads may not exist yet, and caches are
+    // cold); it is not timed.
+    for (int rep = 0; rep <= kMaxReps; ++rep) {
+      if (rep >= 3 && std::chrono::duration<double, std::micro>(clock::now() - start).count() >
+                          kBudgetUs / 2) {
+        break;
+      }
+      for (int v = 0; v < kVariants; ++v) {
+        if (!(group & (1 << v)) || (isLibrary(v) && !library_ok)) continue;
+        // Set before the call: a library kernel that throws may have written
+        // part of the outputs, so another must run again at the end.
+        last = v;
+        const auto t0 = clock::now();
+        if (run(v) && rep > 0) {
+          us[v] = std::min(us[v],
+                           std::chrono::duration<double, std::micro>(clock::now() - t0).count());
+        }
+      }
     }
   }
-  const Impl winner = best_lib < kLibraryMargin * best_own ? Impl::kLibrary : Impl::kOwn;
-  if (winner != last) (winner == Impl::kOwn ? own : library)();
-  {
-    std::lock_guard<std::mutex> g(table_mutex);
-    Entry& e = entries[key.packed()];
-    e.key = key;
-    e.source = Source::kMeasured;
-    e.impl = winner;
-    e.own_us = best_own;
-    e.library_us = library_ok ? best_lib : -1.0;
-    ++(winner == Impl::kOwn ? e.own_runs : e.library_runs);
+  if (!library_ok) {
+    for (int v = 2; v < kVariants; ++v) {
+      if (mask & (1 << v)) us[v] = std::numeric_limits<double>::infinity();
+    }
   }
-  try {
-    save();
-  } catch (...) {  // the table stays in memory
+  int winner = best(us, mask);
+  if (winner < 0) {
+    // Only ATen's kernel was allowed, and it failed: run it once more so that
+    // its error is the launch's.
+    winner = __builtin_ctz(mask);
+    setKernelThreads(isTeam(winner) ? 0 : 1);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    library();
   }
+  if (winner != last) run(winner);
+  const Impl impl = variantChoice(winner).impl;
+  std::lock_guard<std::mutex> g(table_mutex);
+  Entry& e = *entries.at(key.packed());
+  for (int v = 0; v < kVariants; ++v) {
+    if (mask & (1 << v)) e.us[v] = us[v];
+  }
+  e.source = Source::kMeasured;
+  // The full auto mode's choice, once every variant this machine has is measured.
+  const uint8_t available = teamAvailable() && kernelTeamSize() > 1 ? 0xf : 0b0101;
+  if ((available & ~measuredMask(e)) == 0) e.auto_variant = best(e.us, available);
+  count(e, impl);
+  dirty = true;
+  bump();
 }
 
-std::vector<Row> table() {
-  std::vector<Entry> all;
-  {
-    std::lock_guard<std::mutex> g(table_mutex);
-    loadLocked();
-    for (const auto& [k, e] : entries) all.push_back(e);
+// ------------------------------------------------------------ trials
+
+TrialDecision chooseTrial(const Key& key) {
+  const uint64_t packed = key.packed();
+  const uint64_t gen = generation.load(std::memory_order_acquire);
+  CachedChoice& slot = choice_cache[(packed * 0x9e3779b97f4a7c15ULL) >> 58];
+  if (slot.packed == packed && slot.generation == gen) {
+    count(*slot.entry, slot.choice.impl);
+    return TrialDecision{slot.choice};
   }
-  std::sort(all.begin(), all.end(),
-            [](const Entry& a, const Entry& b) { return a.key.packed() < b.key.packed(); });
+  maybeSave();
+  const uint8_t allowed = allowedVariants();
+  std::lock_guard<std::mutex> g(table_mutex);
+  loadLocked();
+  auto& ptr = entries[packed];
+  if (!ptr) ptr = std::make_unique<Entry>();
+  Entry& e = *ptr;
+  e.key = key;
+  std::optional<Choice> c;
+  if (__builtin_popcount(allowed) == 1) {
+    c = variantChoice(__builtin_ctz(allowed));
+  } else if (allowed == 0xf && known(e.source) && e.auto_variant >= 0) {
+    c = variantChoice(e.auto_variant);
+  } else if (known(e.source) && (allowed & ~measuredMask(e)) == 0 && best(e.us, allowed) >= 0) {
+    c = variantChoice(best(e.us, allowed));
+  }
+  if (c) {
+    count(e, c->impl);
+    slot = CachedChoice{packed, gen, &e, *c};
+    return TrialDecision{*c};
+  }
+  // A trial: the allowed variant issued least so far.
+  if (e.source != Source::kPending) {
+    e.source = Source::kPending;
+    e.trial_issued = {};
+    e.trial_timed = {};
+    for (int v = 0; v < kVariants; ++v) {
+      if (allowed & (1 << v)) e.us[v] = -1;
+    }
+  }
+  int pick = -1;
+  for (int v = 0; v < kVariants; ++v) {
+    if ((allowed & (1 << v)) && (pick < 0 || e.trial_issued[v] < e.trial_issued[pick])) pick = v;
+  }
+  ++e.trial_issued[pick];
+  const Choice choice = variantChoice(pick);
+  count(e, choice.impl);
+  return TrialDecision{choice, &e, pick};
+}
+
+void recordTrial(void* trial, int variant, double us) {
+  Entry& e = *static_cast<Entry*>(trial);
+  std::lock_guard<std::mutex> g(table_mutex);
+  if (e.source != Source::kPending) return;  // decided meanwhile, or forgotten
+  e.us[variant] = e.us[variant] < 0 ? us : std::min(e.us[variant], us);
+  ++e.trial_timed[variant];
+  uint8_t issued = 0;
+  for (int v = 0; v < kVariants; ++v) {
+    if (e.trial_issued[v] > 0) issued |= 1 << v;
+    if (e.trial_issued[v] > 0 && e.trial_timed[v] < kTrialRuns) return;
+  }
+  e.source = Source::kMeasured;
+  const uint8_t available = teamAvailable() ? 0xf : 0b0101;
+  if ((available & ~issued) == 0) e.auto_variant = best(e.us, available);
+  dirty = true;
+  bump();
+}
+
+// ------------------------------------------------------------ thread policy
+
+void ThreadEntry::record(int threads, double us) {
+  const int side = threads == 1 ? 0 : 1;
+  std::lock_guard<std::mutex> g(table_mutex);
+  if (source != Source::kPending) return;  // decided meanwhile, or forgotten
+  best[side] = best[side] < 0 ? us : std::min(best[side], us);
+  ++timed[side];
+  if (timed[0] < kTrialRuns || timed[1] < kTrialRuns) return;
+  this->threads = best[1] < kTeamMargin * best[0] ? 0 : 1;
+  source = Source::kMeasured;
+  dirty = true;
+  bump();
+}
+
+int threadsFor(const char* name, int64_t elements, Work& work) {
+  // ATen's loops do not split fewer elements than their grain (elements sums
+  // the kernel's tensors, at least the elements it iterates over).
+  if (elements < at::internal::GRAIN_SIZE) return 1;
+  switch (threadsMode()) {
+    case ThreadsMode::kWorker: return 1;
+    case ThreadsMode::kTeam: return 0;
+    case ThreadsMode::kAuto: break;
+  }
+  if (!teamAvailable()) return 1;
+  const uint8_t cls = bucket(elements);
+  const uint64_t gen = generation.load(std::memory_order_acquire);
+  CachedThreads& slot =
+      threads_cache[((reinterpret_cast<uintptr_t>(name) >> 3) * 31 + cls) % kCacheSlots];
+  if (slot.name == name && slot.elements == cls && slot.generation == gen) {
+    const int t = slot.entry->threads;
+    slot.entry->runs[t == 1 ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+    return t;
+  }
+  maybeSave();
+  std::lock_guard<std::mutex> g(table_mutex);
+  loadLocked();
+  ThreadEntry*& t = thread_entries[NameKey{name, cls}];
+  if (t == nullptr) {
+    t = new ThreadEntry();  // never freed (see entries)
+    t->kernel = name;
+    t->elements = cls;
+    auto it = file_threads.find(fileThreadKey(t->kernel, cls));
+    if (it != file_threads.end()) {
+      t->source = Source::kLoaded;
+      t->threads = it->second.threads;
+      t->best[0] = it->second.worker_us;
+      t->best[1] = it->second.team_us;
+    }
+  }
+  if (known(t->source)) {
+    slot = CachedThreads{name, cls, gen, t};
+    t->runs[t->threads == 1 ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+    return t->threads;
+  }
+  // A trial: the side issued less often so far, timed on the worker.
+  t->source = Source::kPending;
+  const int side = t->issued[0] <= t->issued[1] ? 0 : 1;
+  ++t->issued[side];
+  t->runs[side].fetch_add(1, std::memory_order_relaxed);
+  work.timed = t;
+  return side == 0 ? 1 : 0;
+}
+
+// ------------------------------------------------------------ inspection
+
+std::vector<Row> table() {
   std::vector<Row> rows;
-  for (const Entry& e : all) {
-    const bool known = e.source == Source::kMeasured || e.source == Source::kLoaded;
-    static const char* const sources[] = {"measuring", "measured", "loaded", "not measured"};
-    rows.push_back(Row{kOpNames[static_cast<int>(e.key.op)], dtypeName(e.key.dtype),
-                       shapeName(e.key), layoutName(e.key.layout),
-                       known ? implName(e.impl) : "-", sources[static_cast<int>(e.source)],
-                       known ? e.own_us : -1.0, known ? e.library_us : -1.0, e.own_runs,
-                       e.library_runs});
+  std::lock_guard<std::mutex> g(table_mutex);
+  loadLocked();
+  std::map<uint64_t, const Entry*> sorted;
+  for (const auto& [k, e] : entries) {
+    if (e->source != Source::kUnmeasured || e->own_runs.load() + e->library_runs.load() > 0) {
+      sorted[k] = e.get();
+    }
+  }
+  static const char* const sources[] = {"measuring", "measured", "loaded", "not measured"};
+  for (const auto& [k, e] : sorted) {
+    const bool has = known(e->source) && e->auto_variant >= 0;
+    const Choice c = has ? variantChoice(e->auto_variant) : Choice{Impl::kOwn, 1};
+    rows.push_back(Row{kOpNames[static_cast<int>(e->key.op)], dtypeName(e->key.dtype),
+                       shapeName(e->key), layoutName(e->key), has ? implName(c.impl) : "-",
+                       has ? threadsName(c.threads) : "-", sources[static_cast<int>(e->source)],
+                       e->us, e->own_runs.load(), e->library_runs.load()});
   }
   return rows;
 }
 
+std::vector<ThreadRow> threadTable() {
+  std::vector<ThreadRow> rows;
+  std::lock_guard<std::mutex> g(table_mutex);
+  loadLocked();
+  static const char* const sources[] = {"measuring", "measured", "loaded", "not measured"};
+  // Entries seen in this process, then the file's others.
+  std::map<std::string, ThreadRow> sorted;
+  for (const auto& [k, t] : thread_entries) {
+    if (t->source == Source::kUnmeasured && t->runs[0].load() + t->runs[1].load() == 0) continue;
+    sorted[fileThreadKey(t->kernel, t->elements)] = ThreadRow{
+        t->kernel, "<=2^" + std::to_string(t->elements),
+        known(t->source) ? threadsName(t->threads) : "-", sources[static_cast<int>(t->source)],
+        t->best[0], t->best[1], t->runs[0].load(), t->runs[1].load()};
+  }
+  for (const auto& [key, f] : file_threads) {
+    sorted.try_emplace(key, ThreadRow{f.kernel, "<=2^" + std::to_string(f.elements),
+                                      threadsName(f.threads), "loaded", f.worker_us, f.team_us,
+                                      0, 0});
+  }
+  for (auto& [k, r] : sorted) rows.push_back(std::move(r));
+  return rows;
+}
+
 TORCH_LIBRARY_FRAGMENT(axon, m) {
-  // Forces a side in this process: "own", "library", "auto"; "" goes back to
-  // AXON_KERNEL_SELECT.
+  // Forces a kernel in this process: "own", "library", "auto"; "" goes back
+  // to AXON_KERNEL_SELECT.
   m.def("_set_kernel_select(str mode) -> ()", [](c10::string_view s) {
     if (s.empty()) mode_override.store(-1);
     else if (s == "own") mode_override.store(static_cast<int>(Mode::kOwn));
@@ -439,13 +932,46 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
     else if (s == "auto") mode_override.store(static_cast<int>(Mode::kAuto));
     else TORCH_CHECK(false, "_set_kernel_select: expected 'own', 'library', 'auto' or '', got '",
                      std::string(s), "'");
+    bump();
   });
-  // Forgets the table in memory; the next use reads the file again.
+  // Forces the threads in this process: "worker", "team", "auto"; "" goes
+  // back to AXON_KERNEL_THREADS.
+  m.def("_set_kernel_threads(str mode) -> ()", [](c10::string_view s) {
+    if (s.empty()) threads_override.store(-1);
+    else if (s == "worker") threads_override.store(static_cast<int>(ThreadsMode::kWorker));
+    else if (s == "team") threads_override.store(static_cast<int>(ThreadsMode::kTeam));
+    else if (s == "auto") threads_override.store(static_cast<int>(ThreadsMode::kAuto));
+    else TORCH_CHECK(false, "_set_kernel_threads: expected 'worker', 'team', 'auto' or '', got '",
+                     std::string(s), "'");
+    bump();
+  });
+  // Forgets the tables in memory; the next use reads the file again.
   m.def("_kernel_select_reset() -> ()", [] {
     std::lock_guard<std::mutex> g(table_mutex);
-    entries.clear();
+    for (auto& [k, e] : entries) {
+      e->source = Source::kUnmeasured;
+      e->us = {-1, -1, -1, -1};
+      e->auto_variant = -1;
+      e->own_runs = 0;
+      e->library_runs = 0;
+    }
+    for (auto& [k, t] : thread_entries) {
+      t->source = Source::kUnmeasured;
+      t->threads = 1;
+      t->best[0] = t->best[1] = -1;
+      t->timed[0] = t->timed[1] = 0;
+      t->issued[0] = t->issued[1] = 0;
+      t->runs[0] = 0;
+      t->runs[1] = 0;
+    }
+    file_threads.clear();
     loaded = false;
+    dirty = false;
+    bump();
   });
+  // Writes the tables' new entries to the file now (else: at most once a
+  // second while entries come in, and at exit).
+  m.def("_kernel_select_save() -> ()", [] { save(); });
   // The table's file ("" when AXON_KERNEL_SELECT_CACHE=0 or no home) and the machine.
   m.def("_kernel_select_path() -> str", [] { return cachePath(); });
   m.def("_kernel_select_machine() -> str", [] { return machine(); });

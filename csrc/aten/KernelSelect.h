@@ -1,30 +1,55 @@
-// Kernel selection by measurement: for an op that has a kernel of ours
-// (kernels/) and ATen's CPU kernel (MKL, oneDNN, ATen's vectorised loops),
-// which one a launch runs, per (op, dtype, shape class, layout).
+// Kernel and thread selection by measurement.
 //
-// - Key: the op (Op below), the input dtype, up to three dimensions bucketed
-//   by ceil(log2) (class b holds sizes in (2^(b-1), 2^b]; shown as "<=2^b"),
-//   and layout flags the op defines (bias present, weight present, strided
-//   rows ...).  Which dimensions: see the op's call site (linalg.cpp: m, k, n;
-//   normalization.cpp: rows, cols).
-// - Mode: AXON_KERNEL_SELECT=own|library|auto (default auto; a bad value
-//   warns once and means auto); torch.ops.axon._set_kernel_select(mode)
-//   overrides it in-process ("" goes back to the environment).
-// - auto: the first launch of a key that the table does not hold measures:
-//   on the stream worker it runs both kernels on the launch's own arguments,
-//   alternating, up to kMaxReps times each or until kBudgetUs has passed
-//   (at least twice each), takes each side's minimum, records the winner
-//   (ATen's only when at least 5% faster: ties keep ours) and
-//   runs the winner last, so the launch's result is the winner's.  Both write
-//   the same outputs and read inputs the op does not write (callers only
-//   select for out-of-place kernels).  Launches of a key whose measurement
-//   is still queued run our kernel.  Every later launch runs the winner.
+// 1. Kernel selection: for an op that has a kernel of ours (kernels/) and
+//    ATen's CPU kernel (MKL, oneDNN, ATen's vectorised loops), which one a
+//    launch runs and on how many threads, per (op, dtype, shape class, layout).
+// 2. Thread policy: for every other kernel (ATen's CPU kernels run as stream
+//    work, CpuKernel.h), whether it runs on the stream worker alone or on the
+//    worker's OpenMP team, per (kernel, class of elements touched).
+//
+// Key of (1): the op (Op below), the input dtype, up to four dimensions
+// bucketed by ceil(log2) (class b holds sizes in (2^(b-1), 2^b]; shown as
+// "<=2^b"), and layout flags the op defines (bias present, weight present,
+// strided rows ...).  Which dimensions: see the op's call site (linalg.cpp:
+// m, k, n; normalization.cpp: rows, cols; attention.cpp ...).
+//
+// Variants of (1): own or library, each on the worker alone ("worker") or on
+// the team ("team"; only when the team has more than one thread).
+// - Modes: AXON_KERNEL_SELECT=own|library|auto (default auto; a bad value
+//   warns once and means auto) restricts the kernel;
+//   AXON_KERNEL_THREADS=worker|team|auto (default auto) restricts the
+//   threads; torch.ops.axon._set_kernel_select(mode) and
+//   _set_kernel_threads(mode) override them in-process ("" goes back to the
+//   environment).
+// - When a mode leaves one variant, it runs.  Otherwise the first launch of a
+//   key measures the variants the modes allow that the table does not hold:
+//   on the stream worker it runs them on the launch's own arguments, ours
+//   then ATen's, each round-robin over its thread variants: once untimed,
+//   then up to kMaxReps times or until half of kBudgetUs has passed (at
+//   least twice each), takes each one's minimum and picks the smallest time
+//   after a handicap: ATen's kernel must be 5% faster than ours (ties keep
+//   ours) and the team kKeepHostCore faster than the worker alone (the team
+//   takes the core the host dispatches from).  The winner runs last, so the
+//   launch's result is the winner's.  All variants write the same outputs and
+//   read inputs the op does not write (callers only select for out-of-place
+//   kernels).  Launches of a key whose measurement is still queued run our
+//   kernel on the worker.
+//
+// Thread policy (2): such kernels may write their inputs (in-place ops), so
+// they cannot be run twice; instead launches of a key alternate between the
+// worker and the team, timed on the worker, until each side has kTrialRuns
+// timed runs; then the faster side by the same handicap wins.  Kernels of
+// fewer elements than ATen's parallel grain (at::internal::GRAIN_SIZE) run on
+// the worker without a trial: ATen's loops would not split them.
+// AXON_KERNEL_THREADS forces a side here too.
+//
 // - Persisted per machine: ${AXON_CACHE_DIR:-~/.cache/torch_axon}/
 //   kernel_select-<hash of CPU model, ISA flags, core count, torch version>.json,
 //   read at first use and rewritten (under a lock file, through a temporary
-//   file and rename) when a measurement adds an entry.
-//   AXON_KERNEL_SELECT_CACHE=0: neither read nor written.
-// - Inspect: torch_axon._C._kernel_select_table(), python -m torch_axon.tune.
+//   file and rename) by the host at most once a second while new entries
+//   come in, and at exit.  AXON_KERNEL_SELECT_CACHE=0: neither read nor written.
+// - Inspect: torch_axon._C._kernel_select_table(), _thread_policy_table(),
+//   python -m torch_axon.tune.
 #pragma once
 
 #include <array>
@@ -44,6 +69,16 @@ namespace at::axon::kselect {
 
 enum class Impl : uint8_t { kOwn = 0, kLibrary = 1 };
 enum class Mode : uint8_t { kOwn, kLibrary, kAuto };
+enum class ThreadsMode : uint8_t { kWorker, kTeam, kAuto };
+
+// What a launch runs: a kernel, on the worker alone (threads 1) or on its
+// team (threads 0: all).
+struct Choice {
+  Impl impl;
+  int threads;
+};
+// Variant index: impl * 2 + team.
+constexpr int kVariants = 4;
 
 enum class Op : uint8_t {
   kLinear,              // mm / addmm (+ out=) of a few rows by W^T: m, k, n; bias, strided
@@ -55,6 +90,9 @@ enum class Op : uint8_t {
   kLayerNormBackward,   // native_layer_norm_backward: rows, cols; weight, bias
   kRmsNorm,             // _fused_rms_norm: rows, cols; weight
   kRmsNormBackward,     // _fused_rms_norm_backward: rows, cols; weight
+  kAttention,           // fused attention forward: batch*heads, q, kv, head dim; causal, mask
+  kAttentionBackward,   // its backward: the same
+  kAdam,                // _fused_adam(w)_: elements, tensors; amsgrad, grad scale
   kCount
 };
 
@@ -62,6 +100,10 @@ enum class Op : uint8_t {
 constexpr uint8_t kBias = 1;     // linear, layer_norm: a bias
 constexpr uint8_t kStrided = 2;  // linear: rows of x, W or out not packed
 constexpr uint8_t kWeight = 4;   // norms: a weight
+constexpr uint8_t kCausal = 8;     // attention: is_causal
+constexpr uint8_t kMask = 16;      // attention: an attention mask
+constexpr uint8_t kAmsgrad = 8;    // adam: amsgrad
+constexpr uint8_t kGradScale = 16; // adam: grad_scale / found_inf
 
 // The shape class of a size: ceil(log2(max(n, 1))).
 uint8_t bucket(int64_t n);
@@ -69,7 +111,7 @@ uint8_t bucket(int64_t n);
 struct Key {
   Op op;
   c10::ScalarType dtype;
-  std::array<uint8_t, 3> dims;  // buckets
+  std::array<uint8_t, 4> dims;  // buckets
   uint8_t layout;
   uint64_t packed() const;
 };
@@ -77,42 +119,116 @@ Key makeKey(Op op, c10::ScalarType dtype, std::initializer_list<int64_t> sizes,
             uint8_t layout = 0);
 
 Mode mode();
+ThreadsMode threadsMode();
 
-// What a launch of `key` runs: the forced side, the table's winner, or none
-// (auto mode, not measured yet: this launch measures; the key is then marked
-// as being measured).  Counts the launch.
-std::optional<Impl> choose(const Key& key);
+// What a launch of `key` runs: the only variant the modes allow, the
+// table's winner, or none (not measured yet: this launch measures `measure`,
+// a bit mask of variants; the key is then marked as being measured).
+// Counts the launch.
+struct Decision {
+  std::optional<Choice> choice;
+  uint8_t measure = 0;
+};
+Decision choose(const Key& key);
 
-// Runs own and library alternately (see above), records the winner, runs it
-// last.  On the stream worker.
-void measure(const Key& key, const std::function<void()>& own,
+// Runs the variants in `mask` (see above), records the winner,
+// runs it last.  On the stream worker.
+void measure(const Key& key, uint8_t mask, const std::function<void()>& own,
              const std::function<void()>& library);
 
-// Launches the side choose() picks, or a measurement of both.  make_own()
-// and make_library() return the kernel bodies (callables without
-// arguments); only the side that runs is built.
+// Launches what choose() picks, or a measurement.  make_own() and
+// make_library() return the kernel bodies (callables without arguments);
+// only the side that runs is built.
 template <typename MakeOwn, typename MakeLibrary>
-void launchSelected(c10::DeviceIndex device, const char* name, const Key& key, int threads,
+void launchSelected(c10::DeviceIndex device, const char* name, const Key& key,
                     const MakeOwn& make_own, const MakeLibrary& make_library) {
-  const std::optional<Impl> c = choose(key);
-  if (c == Impl::kOwn) return launch(device, name, make_own(), threads);
+  const Decision d = choose(key);
+  if (d.choice && d.choice->impl == Impl::kOwn) {
+    return launch(device, name, make_own(), d.choice->threads);
+  }
   auto library = [library = make_library()] {
     // ATen's kernels' nested ops work on plain CPU buffers: no autograd.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     library();
   };
-  if (c == Impl::kLibrary) return launch(device, name, std::move(library), threads);
-  launch(device, name, [key, own = make_own(), library = std::move(library)] {
-    measure(key, own, library);
-  }, threads);
+  if (d.choice) return launch(device, name, std::move(library), d.choice->threads);
+  launch(device, name, [key, mask = d.measure, own = make_own(), library = std::move(library)] {
+    measure(key, mask, own, library);
+  }, /*threads=*/1);
 }
 
-// The table, for torch_axon._C._kernel_select_table().
+// Selection for kernels that update their inputs (they cannot be run twice):
+// the first launches of a key alternate between the variants the modes
+// allow, each timed on the worker, until each has kTrialRuns timed runs; then
+// the same handicapped minimum decides.  A trial's launch reports its time
+// through recordTrial().
+struct TrialDecision {
+  Choice choice;
+  void* trial = nullptr;  // the key's entry while it is a trial
+  int variant = 0;
+};
+TrialDecision chooseTrial(const Key& key);
+void recordTrial(void* trial, int variant, double us);
+
+template <typename Fn>
+class TrialWork final : public Work, public TimedRun {
+ public:
+  TrialWork(Fn fn, const TrialDecision& d) : fn_(std::move(fn)), trial_(d.trial),
+                                             variant_(d.variant) {}
+  void run() override { fn_(); }
+  void record(int /*threads*/, double us) override { recordTrial(trial_, variant_, us); }
+
+ private:
+  Fn fn_;
+  void* trial_;
+  int variant_;
+};
+
+template <typename MakeOwn, typename MakeLibrary>
+void launchSelectedInPlace(c10::DeviceIndex device, const char* name, const Key& key,
+                           const MakeOwn& make_own, const MakeLibrary& make_library) {
+  const TrialDecision d = chooseTrial(key);
+  auto go = [&](auto fn) {
+    auto work = std::make_unique<TrialWork<decltype(fn)>>(std::move(fn), d);
+    if (d.trial != nullptr) work->timed = work.get();
+    launch(device, name, std::unique_ptr<Work>(std::move(work)), d.choice.threads);
+  };
+  if (d.choice.impl == Impl::kOwn) return go(make_own());
+  go([library = make_library()]() mutable {
+    // ATen's kernels' nested ops work on plain CPU buffers: no autograd.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    library();
+  });
+}
+
+// The thread policy of a kernel without a selection (CpuKernel.h): the
+// threads of this launch of `name` (an interned or literal name) touching
+// `elements` elements; sets work.timed when the launch is a trial.
+int threadsFor(const char* name, int64_t elements, Work& work);
+
+// Launches fn (a callable without arguments) on the threads threadsFor()
+// picks for `elements` elements.
+template <typename Fn>
+void launchWithThreadPolicy(c10::DeviceIndex device, const char* name, int64_t elements, Fn&& fn) {
+  std::unique_ptr<Work> work = functionWork(std::function<void()>(std::forward<Fn>(fn)));
+  const int threads = threadsFor(name, elements, *work);
+  launch(device, name, std::move(work), threads);
+}
+
+// The tables, for torch_axon._C._kernel_select_table() and
+// _thread_policy_table().  Times are -1 where not measured.
 struct Row {
-  std::string op, dtype, shape, layout, choice, source;
-  double own_us, library_us;
+  std::string op, dtype, shape, layout, choice, threads, source;
+  std::array<double, kVariants> us;  // own/worker, own/team, library/worker, library/team
   int64_t own_runs, library_runs;
 };
 std::vector<Row> table();
+
+struct ThreadRow {
+  std::string kernel, elements, choice, source;
+  double worker_us, team_us;
+  int64_t worker_runs, team_runs;
+};
+std::vector<ThreadRow> threadTable();
 
 }  // namespace at::axon::kselect

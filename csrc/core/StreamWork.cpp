@@ -3,8 +3,11 @@
 #include <stdexcept>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <omp.h>
+
+#include <ATen/Parallel.h>
 
 #include <c10/util/Exception.h>
 
@@ -68,19 +71,33 @@ class FunctionWork final : public Work {
   std::function<void()> fn_;
 };
 
-// The OpenMP team size of the calling stream worker for its next kernel:
-// `threads`, or (0) the process default.  Set only when it changes.
-void set_kernel_threads(int threads) {
-  thread_local const int all = omp_get_max_threads();
-  thread_local int current = all;
-  const int want = threads > 0 ? std::min(threads, all) : all;
-  if (want != current) {
-    omp_set_num_threads(want);
-    current = want;
+}  // namespace
+
+// The OpenMP team size of the calling thread for its next kernel: `threads`,
+// or (0) the thread's default.  Set only when it changes.
+namespace {
+thread_local int team_size = 0;     // the thread's default, read once
+thread_local int current_team = 0;  // what omp_set_num_threads last set
+}  // namespace
+
+int kernelTeamSize() {
+  if (team_size == 0) {
+    // ATen sets a thread's team size at its first parallel loop: first, so
+    // that it does not undo ours later.
+    at::internal::lazy_init_num_threads();
+    team_size = current_team = omp_get_max_threads();
   }
+  return team_size;
 }
 
-}  // namespace
+void setKernelThreads(int threads) {
+  const int all = kernelTeamSize();
+  const int want = threads > 0 ? std::min(threads, all) : all;
+  if (want != current_team) {
+    omp_set_num_threads(want);
+    current_team = want;
+  }
+}
 
 std::unique_ptr<Work> functionWork(std::function<void()> fn) {
   return std::make_unique<FunctionWork>(std::move(fn));
@@ -102,7 +119,9 @@ void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> wor
         Work* w;
         ~Retire() { finished.push(w); }
       } retire{w};
-      set_kernel_threads(threads);
+      setKernelThreads(threads);
+      const auto t0 = w->timed != nullptr ? std::chrono::steady_clock::now()
+                                          : std::chrono::steady_clock::time_point();
       try {
         if (w->quiet) {
           static DropWarnings drop;
@@ -115,6 +134,10 @@ void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> wor
         // The runtime keeps the message for a later synchronising call; the
         // C++ backtrace of a worker thread would only bury it.
         throw std::runtime_error(e.what_without_backtrace());
+      }
+      if (w->timed != nullptr) {
+        w->timed->record(threads, std::chrono::duration<double, std::micro>(
+                                      std::chrono::steady_clock::now() - t0).count());
       }
     });
   });

@@ -17,6 +17,17 @@
 
 namespace at::axon {
 
+// The thread policy's timing hook (aten/KernelSelect.h): a launch that is a
+// trial carries one; the stream worker times the kernel's run and reports
+// it with the threads it ran on (1, or 0: the team).
+class TimedRun {
+ public:
+  virtual void record(int threads, double us) = 0;
+
+ protected:
+  ~TimedRun() = default;
+};
+
 // One kernel's work: what it captured and how to run it, in one allocation
 // (a launch allocates nothing else).  Owned by the launch until it has run,
 // then by the finished list until the host releases it.
@@ -31,6 +42,8 @@ class Work {
   // Warnings the kernel raises on the worker are dropped (the host raised
   // them at the call already; see launchChecked).
   bool quiet = false;
+  // Set by the thread policy for a timed trial (it outlives the process).
+  TimedRun* timed = nullptr;
 
  private:
   friend struct FinishedList;
@@ -49,15 +62,11 @@ void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> wor
 void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn,
             int threads = 0);
 
-// The host keeps dispatching while kernels run, so with few cores a small
-// kernel is faster on the worker alone than on an OpenMP team it must wake
-// and that competes with the host for cores (decoding: 1.4x -> 2x CPU
-// tokens/s).  `elements`: the elements a kernel touches, summed over its
-// tensors.
-constexpr int64_t kSmallKernelElements = int64_t{1} << 20;
-inline int kernelThreads(int64_t elements) {
-  return elements < kSmallKernelElements ? 1 : 0;
-}
+// On a stream worker: the OpenMP team size for the kernel code that follows
+// (threads as launch's; kernel selection's measurements switch it between
+// runs), and the team's full size there.
+void setKernelThreads(int threads);
+int kernelTeamSize();
 
 // Drops the references held by kernels that have run.
 void releaseFinishedWork();

@@ -108,12 +108,24 @@ PYBIND11_MODULE(_C, m) {
     return rows;
   });
   // Kernel selection (aten/KernelSelect.h): (op, dtype, shape class, layout, choice,
-  // source, own us, library us, own runs, library runs) per key; python -m torch_axon.tune.
+  // threads, source, own/worker us, own/team us, library/worker us, library/team us,
+  // own runs, library runs) per key; python -m torch_axon.tune.
   m.def("_kernel_select_table", [] {
     py::list rows;
     for (const kselect::Row& r : kselect::table()) {
-      rows.append(py::make_tuple(r.op, r.dtype, r.shape, r.layout, r.choice, r.source, r.own_us,
-                                 r.library_us, r.own_runs, r.library_runs));
+      rows.append(py::make_tuple(r.op, r.dtype, r.shape, r.layout, r.choice, r.threads, r.source,
+                                 r.us[0], r.us[1], r.us[2], r.us[3], r.own_runs,
+                                 r.library_runs));
+    }
+    return rows;
+  });
+  // The thread policy: (kernel, elements class, threads, source, worker us, team us,
+  // worker runs, team runs) per key.
+  m.def("_thread_policy_table", [] {
+    py::list rows;
+    for (const kselect::ThreadRow& r : kselect::threadTable()) {
+      rows.append(py::make_tuple(r.kernel, r.elements, r.choice, r.source, r.worker_us,
+                                 r.team_us, r.worker_runs, r.team_runs));
     }
     return rows;
   });

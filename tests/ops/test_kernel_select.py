@@ -4,7 +4,9 @@ forced (own, library) or chosen by measurement (auto); a table file decides auto
 choice; AXON_KERNEL_SELECT's bad values warn; python -m torch_axon.tune runs.
 
 Covered ops: linear (mm/addmm and out=, up to 8 rows), last-dim softmax and
-log_softmax forward and backward, layer_norm forward, rms_norm forward.
+log_softmax forward and backward, layer_norm forward, rms_norm forward, fused Adam/AdamW
+(selected by trials over launches); attention and layer_norm backward:
+test_kernel_select_backward.py.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def runs(op: str) -> tuple[int, int]:
     """(own, library) launches of op, summed over its keys."""
     torch.axon.synchronize()
     rows = [r for r in _C._kernel_select_table() if r[0] == op]
-    return sum(r[8] for r in rows), sum(r[9] for r in rows)
+    return sum(r[11] for r in rows), sum(r[12] for r in rows)
 
 
 def check_side(op: str, mode: str, before: tuple[int, int]) -> None:
@@ -146,6 +148,69 @@ def test_norms(mode, dtype, affine, isolated, no_fallback):
     check_side("rms_norm", mode, before[1])
 
 
+# ---------------------------------------------------------------- Adam (trials)
+
+def _adam_steps(opt_cls, dtype, steps, amsgrad, device, **kw):
+    """Parameters after `steps` fused steps from the same start and gradients."""
+    params = [make(s, dtype, seed=20 + i).to(device).requires_grad_(True)
+              for i, s in enumerate([(33, 7), (5,), (0, 3), (40, 2)])]
+    # a non-contiguous parameter's gradient lives in its own contiguous buffer
+    opt = opt_cls(params, lr=0.01, weight_decay=0.1, amsgrad=amsgrad, fused=True, **kw)
+    for step in range(steps):
+        for i, p in enumerate(params):
+            p.grad = make(p.shape, dtype, seed=100 * step + i).to(device)
+        opt.step()
+    return [p.detach() for p in params]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("opt_cls", [torch.optim.Adam, torch.optim.AdamW])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_fused_adam(mode, dtype, opt_cls, amsgrad, isolated, no_fallback):
+    """Adam updates its inputs: auto decides by trials over launches, never by running twice."""
+    torch.ops.axon._set_kernel_select(mode)
+    steps = 14  # enough for auto's trials (3 timed runs of each variant) to decide
+    got = _adam_steps(opt_cls, dtype, steps, amsgrad, "axon")
+    expected = _adam_steps(opt_cls, dtype, steps, amsgrad, "cpu")
+    for g, e in zip(got, expected):
+        assert_same(g, e, dtype=dtype, accum=True)
+    own, lib = runs("adam")
+    assert own + lib == steps
+    if mode == "own":
+        assert lib == 0
+    elif mode == "library":
+        assert own == 0
+    else:
+        [row] = [r for r in _C._kernel_select_table() if r[0] == "adam"]
+        assert row[6] == "measured" and row[4] in ("own", "library")
+        assert row[7] > 0 and row[9] > 0 and own >= 3 and lib >= 3
+        assert row[3] == ("amsgrad" if amsgrad else "-")
+
+
+def test_fused_adam_with_grad_scaling_is_not_selected(isolated):
+    """A learning rate in device memory or gradient scaling: our kernel only (no table row)."""
+    torch.ops.axon._set_kernel_select("library")
+    for kw in (dict(lr=torch.tensor(0.01, device="axon")),
+               dict(lr=0.01, grad_scale=torch.tensor(2.0, device="axon"),
+                    found_inf=torch.tensor(0.0, device="axon"))):
+        ps = [make((9, 4), torch.float32, seed=i) for i in range(4)]
+        step = torch.tensor(1.0)
+        expected = [p.clone() for p in ps]
+        args = dict(beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False,
+                    maximize=False)
+        cpu_kw = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        torch._fused_adamw_([expected[0]], [expected[1]], [expected[2]], [expected[3]], [],
+                            [step.clone()], **cpu_kw, **args)
+        got = [p.axon() for p in ps]
+        torch._fused_adamw_([got[0]], [got[1]], [got[2]], [got[3]], [], [step.axon()], **kw,
+                            **args)
+        for g, e in zip(got, expected):
+            assert_same(g, e)
+    torch.axon.synchronize()
+    assert [r for r in _C._kernel_select_table() if r[0] == "adam"] == []
+
+
 # ---------------------------------------------------------------- the table
 
 def _linear_once(dtype=torch.float32):
@@ -163,34 +228,70 @@ def test_auto_measures_once_persists_and_follows_a_table(monkeypatch, isolated):
         _linear_once()
     torch.axon.synchronize()
     [row] = [r for r in _C._kernel_select_table() if r[0] == "linear"]
-    assert row[1:6] == ("float32", "m<=1 k<=64 n<=128", "-", row[4], "measured")
-    assert row[4] in ("own", "library") and row[6] > 0 and row[7] > 0
-    assert row[8] + row[9] == 3  # the measuring launch counts as one of the winner's
-    assert (row[8] == 3) == (row[4] == "own")
-    # written to this machine's file
+    assert row[1:4] == ("float32", "m<=1 k<=64 n<=128", "-") and row[6] == "measured"
+    assert row[4] in ("own", "library") and row[5] in ("worker", "team")
+    team = torch.get_num_threads() > 1
+    # every variant this machine has was timed (the team's only with more than one thread)
+    assert row[7] > 0 and row[9] > 0 and (row[8] > 0 and row[10] > 0) == team
+    assert row[11] + row[12] == 3  # the measuring launch counts as one of the winner's
+    assert (row[11] == 3) == (row[4] == "own")
+    # written to this machine's file once saved (at most once a second, at exit, or now)
+    torch.ops.axon._kernel_select_save()
     with open(path) as f:
         data = json.load(f)
     [entry] = data["entries"]
-    assert entry["op"] == "linear" and entry["choice"] == row[4]
+    assert entry["op"] == "linear" and entry["choice"] == row[4] and entry["threads"] == row[5]
     assert entry["shape"] == "m<=1 k<=64 n<=128"
+    assert entry["own_worker_us"] == pytest.approx(row[7], rel=1e-4)
     # a table that says otherwise decides, with no measurement
-    for forced in ("library", "own"):
-        entry.update(choice=forced, own_us=2.0, library_us=1.0)
+    for forced, threads in (("library", "team"), ("own", "worker")):
+        entry.update(choice=forced, threads=threads, own_worker_us=2.0, library_worker_us=1.0)
         with open(path, "w") as f:
             json.dump(data, f, indent=1)
         torch.ops.axon._kernel_select_reset()
         for _ in range(2):
             _linear_once()
         [row] = [r for r in _C._kernel_select_table() if r[0] == "linear"]
-        assert row[4:8] == (forced, "loaded", 2.0, 1.0)
-        assert (row[8], row[9]) == ((2, 0) if forced == "own" else (0, 2))
+        assert row[4:8] == (forced, threads, "loaded", 2.0) and row[9] == 1.0
+        assert (row[11], row[12]) == ((2, 0) if forced == "own" else (0, 2))
     # a new key adds its entry and keeps the loaded one
     _linear_once(torch.bfloat16)
     torch.axon.synchronize()
+    torch.ops.axon._kernel_select_save()
     with open(path) as f:
         entries = json.load(f)["entries"]
     assert sorted(e["dtype"] for e in entries) == ["bfloat16", "float32"]
     assert [e["choice"] for e in entries if e["dtype"] == "float32"] == ["own"]
+
+
+def test_forced_modes_measure_only_what_they_allow(isolated):
+    """own / library restrict the kernel, worker / team the threads; one variant left: no timing."""
+    for kernel, threads in [("own", "worker"), ("library", "team"), ("own", "auto"),
+                            ("auto", "worker")]:
+        torch.ops.axon._kernel_select_reset()
+        torch.ops.axon._set_kernel_select(kernel)
+        torch.ops.axon._set_kernel_threads(threads)
+        _linear_once()
+        torch.axon.synchronize()
+        [row] = [r for r in _C._kernel_select_table() if r[0] == "linear"]
+        timed = [v for v, t in zip(("own/worker", "own/team", "library/worker", "library/team"),
+                                   row[7:11]) if t >= 0]
+        if kernel != "auto" and threads != "auto":
+            assert timed == [] and row[6] == "not measured"
+        elif kernel == "own":
+            assert timed == (["own/worker", "own/team"] if torch.get_num_threads() > 1
+                             else ["own/worker"])
+        else:
+            assert timed == ["own/worker", "library/worker"]
+        assert (row[11] > 0) == (kernel != "library") and (row[12] > 0) == (kernel == "library")
+    torch.ops.axon._set_kernel_threads("")
+
+
+def test_set_kernel_threads_bad_value():
+    with pytest.raises(RuntimeError,
+                       match=r"_set_kernel_threads: expected 'worker', 'team', 'auto' or '', "
+                             r"got 'all'"):
+        torch.ops.axon._set_kernel_threads("all")
 
 
 def test_cache_disabled_writes_nothing(isolated):
@@ -198,7 +299,8 @@ def test_cache_disabled_writes_nothing(isolated):
     assert torch.ops.axon._kernel_select_path() == ""
     _linear_once()
     torch.axon.synchronize()
-    assert [r[5] for r in _C._kernel_select_table() if r[0] == "linear"] == ["measured"]
+    assert [r[6] for r in _C._kernel_select_table() if r[0] == "linear"] == ["measured"]
+    torch.ops.axon._kernel_select_save()
     assert os.listdir(isolated) == []
 
 
@@ -220,7 +322,7 @@ def test_env_modes_and_bad_value_warns():
             "x = torch.randn(2, 32, device='axon'); w = torch.randn(16, 32, device='axon')\n"
             "torch.nn.functional.linear(x, w); torch.nn.functional.linear(x, w)\n"
             "torch.axon.synchronize()\n"
-            "print([r[8:] for r in torch_axon._C._kernel_select_table()])\n")
+            "print([r[11:] for r in torch_axon._C._kernel_select_table()])\n")
     r = _python(code, AXON_KERNEL_SELECT="library")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[(0, 2)]"

@@ -5,17 +5,25 @@
 //     heads, dropout); _scaled_dot_product_fused_attention_overrideable and its
 //     backward run flash-style tiles with an online softmax.  Other inputs take
 //     PyTorch's math path (compositions of axon ops).
+//   kernel selection (KernelSelect.h): where ATen's CPU flash attention
+//     (_scaled_dot_product_flash_attention_for_cpu and its backward) computes
+//     the same thing, a launch runs ours or ATen's, whichever measured faster.
+#include <algorithm>
 #include <cmath>
 
 #include <ATen/SDPBackend.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_cpu_dispatch.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_cpu_dispatch.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <torch/library.h>
 
 #include <axon/kernels/attention.h>
 
 #include "../../core/AxonGenerator.h"
+#include "../CpuKernel.h"
+#include "../KernelSelect.h"
 #include "../Kernels.h"
 #include "../Launch.h"
 #include "../OpDevice.h"
@@ -108,6 +116,64 @@ at::Tensor like_query(const at::Tensor& q, c10::IntArrayRef sizes, c10::DeviceIn
 using SdpaOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt,
                                c10::SymInt, at::Tensor, at::Tensor, at::Tensor>;
 
+// ---- selection against ATen's CPU flash attention
+//
+// Whether ATen's kernel computes what ours does for these arguments.  It has
+// no dropout (ours draws from axon's generator), no grouped-query heads, one
+// head size for q, k and v, and additive masks of float32 or the query's
+// dtype (SDPA converts boolean masks to additive ones before choosing a
+// backend; only direct calls of the op pass them); with no keys it divides by
+// zero.  Its logsumexp is ours (float32, natural log of the scaled, masked
+// scores' exponentials), except for a fully masked row: 0 there, -inf from
+// ours; both backwards take either (see flash_lse).
+bool flash_selectable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& mask, double dropout_p) {
+  if (dropout_p > 0 || q.size(1) != k.size(1) || q.size(3) != v.size(3)) return false;
+  for (int64_t d = 0; d < 4; ++d) {
+    if (q.size(d) == 0 || k.size(d) == 0) return false;
+  }
+  return !mask.defined() || mask.scalar_type() == at::kFloat ||
+         mask.scalar_type() == q.scalar_type();
+}
+
+kselect::Key attention_key(kselect::Op op, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& mask, bool is_causal) {
+  const uint8_t layout =
+      (is_causal ? kselect::kCausal : 0) | (mask.defined() ? kselect::kMask : 0);
+  return kselect::makeKey(op, q.scalar_type(),
+                          {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3)}, layout);
+}
+
+// On the worker, host views.  A [B, H, seq, dim] operand as ATen's kernel
+// reads it: unit-stride rows, each seq step at least a row apart (BLAS's
+// leading dimension); else a contiguous copy.
+at::Tensor flash_rows(const at::Tensor& t) {
+  const bool unit = t.size(3) <= 1 || t.stride(3) == 1;
+  const bool leading = t.stride(2) >= std::max<int64_t>(t.size(3), 1);
+  return unit && leading ? t : t.new_empty(t.sizes()).copy_(t);
+}
+
+// The mask broadcast to [B, H, L, S] (ATen's kernel takes 2-d or 4-d masks
+// and reads a row's elements at unit stride, or one broadcast element).
+std::optional<at::Tensor> flash_mask(const cpu_kernel::DeviceView& m, c10::IntArrayRef q_sizes,
+                                     int64_t kv_len) {
+  if (!m.defined()) return std::nullopt;
+  const std::array<int64_t, 4> sizes{q_sizes[0], q_sizes[1], q_sizes[2], kv_len};
+  at::Tensor mask = m.view();
+  at::Tensor expanded = mask.expand(sizes);
+  if (expanded.stride(3) != 0 && expanded.stride(3) != 1) {
+    expanded = mask.contiguous().expand(sizes);
+  }
+  return expanded;
+}
+
+// The logsumexp ATen's backward takes: 0 for the fully masked rows ours marks
+// -inf (it computes exp(score - lse), which is exp(-inf - 0) = 0 there; ours
+// skips such rows, so either value works for it).
+at::Tensor flash_lse(const at::Tensor& lse, bool masked) {
+  return masked ? lse.masked_fill(lse.isneginf(), 0.0) : lse;
+}
+
 SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask_opt, double dropout_p,
                          bool is_causal, bool /*return_debug_mask*/,
@@ -137,13 +203,36 @@ SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (out.numel() > 0) {
     const k::AttentionShape shape = attention_shape(q, k, v);
     k::AttentionParams params{sc, is_causal, dropout_p, seed, offset};
-    launch(device, "aten::_scaled_dot_product_fused_attention_overrideable",
-           [=, dt = *kernelDType(q.scalar_type()), m = attention_mask(mask, shape),
-            qp = q.const_data_ptr(), kp = k.const_data_ptr(), vp = v.const_data_ptr(),
-            op = out.data_ptr(), lp = lse.data_ptr<float>(), qs = strides4(q), ks = strides4(k),
-            vs = strides4(v), os = strides4(out)] {
-             k::attention_forward(dt, shape, params, qp, qs, kp, ks, vp, vs, m, op, os, lp);
-           }, kernelThreads(q.numel() + k.numel() + v.numel() + out.numel()));
+    const char* name = "aten::_scaled_dot_product_fused_attention_overrideable";
+    auto own = [&] {
+      return [=, dt = *kernelDType(q.scalar_type()), m = attention_mask(mask, shape),
+              qp = q.const_data_ptr(), kp = k.const_data_ptr(), vp = v.const_data_ptr(),
+              op = out.data_ptr(), lp = lse.data_ptr<float>(), qs = strides4(q), ks = strides4(k),
+              vs = strides4(v), os = strides4(out)] {
+        k::attention_forward(dt, shape, params, qp, qs, kp, ks, vp, vs, m, op, os, lp);
+      };
+    };
+    if (!flash_selectable(q, k, v, mask, dropout_p)) {
+      kselect::launchWithThreadPolicy(device, name,
+                                      q.numel() + k.numel() + v.numel() + out.numel(), own());
+    } else {
+      // ATen's results (out in its [B, L, H, D] order, logsumexp a transposed
+      // view) are copied into ours.
+      kselect::launchSelected(
+          device, name, attention_key(kselect::Op::kAttention, q, k, mask, is_causal), own, [&] {
+            return [cq = cpu_kernel::capture(q), ck = cpu_kernel::capture(k),
+                    cv = cpu_kernel::capture(v), cm = cpu_kernel::capture(mask),
+                    co = cpu_kernel::capture(out), cl = cpu_kernel::capture(lse), is_causal, sc,
+                    S] {
+              const at::Tensor qv = cq.view();
+              auto [o, l] = at::cpu::_scaled_dot_product_flash_attention_for_cpu(
+                  flash_rows(qv), flash_rows(ck.view()), flash_rows(cv.view()), 0.0, is_causal,
+                  flash_mask(cm, qv.sizes(), S), sc);
+              co.view().copy_(o);
+              cl.view().copy_(l);
+            };
+          });
+    }
   }
   return {out, lse, at::Tensor(), at::Tensor(), c10::SymInt(L), c10::SymInt(S), philox_seed,
           philox_offset, at::Tensor()};
@@ -174,16 +263,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   if (dq.numel() + dk.numel() + dv.numel() > 0) {
     const k::AttentionShape shape = attention_shape(q, k, v);
     k::AttentionParams params{sc, is_causal, dropout_p, seed, offset};
-    launch(device, "aten::_scaled_dot_product_fused_attention_overrideable_backward",
-           [=, dt = *kernelDType(q.scalar_type()), m = attention_mask(mask, shape),
-            gp = dout.const_data_ptr(), qp = q.const_data_ptr(), kp = k.const_data_ptr(),
-            vp = v.const_data_ptr(), op = out.const_data_ptr(), lp = lse.const_data_ptr<float>(),
-            dqp = dq.data_ptr(), dkp = dk.data_ptr(), dvp = dv.data_ptr(), gs = strides4(dout),
-            qs = strides4(q), ks = strides4(k), vs = strides4(v), os = strides4(out),
-            dqs = strides4(dq), dks = strides4(dk), dvs = strides4(dv)] {
-             k::attention_backward(dt, shape, params, gp, gs, qp, qs, kp, ks, vp, vs, m, op, os,
-                                   lp, dqp, dqs, dkp, dks, dvp, dvs);
-           }, kernelThreads(2 * (q.numel() + k.numel() + v.numel()) + out.numel()));
+    const char* name = "aten::_scaled_dot_product_fused_attention_overrideable_backward";
+    auto own = [&] {
+      return [=, dt = *kernelDType(q.scalar_type()), m = attention_mask(mask, shape),
+              gp = dout.const_data_ptr(), qp = q.const_data_ptr(), kp = k.const_data_ptr(),
+              vp = v.const_data_ptr(), op = out.const_data_ptr(), lp = lse.const_data_ptr<float>(),
+              dqp = dq.data_ptr(), dkp = dk.data_ptr(), dvp = dv.data_ptr(), gs = strides4(dout),
+              qs = strides4(q), ks = strides4(k), vs = strides4(v), os = strides4(out),
+              dqs = strides4(dq), dks = strides4(dk), dvs = strides4(dv)] {
+        k::attention_backward(dt, shape, params, gp, gs, qp, qs, kp, ks, vp, vs, m, op, os, lp,
+                              dqp, dqs, dkp, dks, dvp, dvs);
+      };
+    };
+    if (!flash_selectable(q, k, v, mask, dropout_p) || lse.scalar_type() != at::kFloat) {
+      kselect::launchWithThreadPolicy(
+          device, name, 2 * (q.numel() + k.numel() + v.numel()) + out.numel(), own());
+    } else {
+      // ATen's gradients (fresh tensors in its [B, L, H, D] order) are copied
+      // into ours.
+      kselect::launchSelected(
+          device, name, attention_key(kselect::Op::kAttentionBackward, q, k, mask, is_causal),
+          own, [&] {
+            return [cg = cpu_kernel::capture(dout), cq = cpu_kernel::capture(q),
+                    ck = cpu_kernel::capture(k), cv = cpu_kernel::capture(v),
+                    cm = cpu_kernel::capture(mask), co = cpu_kernel::capture(out),
+                    cl = cpu_kernel::capture(lse), cdq = cpu_kernel::capture(dq),
+                    cdk = cpu_kernel::capture(dk), cdv = cpu_kernel::capture(dv), is_causal, sc] {
+              const at::Tensor qv = cq.view(), kv = ck.view();
+              auto [gq, gk, gv] = at::cpu::_scaled_dot_product_flash_attention_for_cpu_backward(
+                  flash_rows(cg.view()), flash_rows(qv), flash_rows(kv), flash_rows(cv.view()),
+                  flash_rows(co.view()), flash_lse(cl.view(), cm.defined()), 0.0, is_causal,
+                  flash_mask(cm, qv.sizes(), kv.size(2)), sc);
+              cdq.view().copy_(gq);
+              cdk.view().copy_(gk);
+              cdv.view().copy_(gv);
+            };
+          });
+    }
   }
   return {dq, dk, dv, at::Tensor()};
 }

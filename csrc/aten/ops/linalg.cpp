@@ -55,10 +55,9 @@ bool small_linear(const at::Tensor& a, const at::Tensor& b) {
          (b.size(1) == 1 || b.stride(1) >= b.size(0));
 }
 
-constexpr int64_t kParallelLinearElements = int64_t{4} << 20;
-
-// kernels/linear or ATen's GEMM (MKL / oneDNN), chosen per (dtype, m, k, n
-// class, bias, strided rows) by measurement (KernelSelect.h).
+// kernels/linear or ATen's GEMM (MKL / oneDNN), on the worker or the team,
+// chosen per (dtype, m, k, n class, bias, strided rows) by measurement
+// (KernelSelect.h).
 void launch_small_linear_into(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
                               at::Tensor& out, const char* name) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
@@ -85,16 +84,7 @@ void launch_small_linear_into(const at::Tensor& a, const at::Tensor& b, const at
       }
     };
   };
-  kselect::launchSelected(a.device().index(), name, key,
-         // Memory-bound: one thread reads the weight at ~30 GB/s here and
-         // leaves the other core to the host dispatching the next ops.  A
-         // weight of 4M elements or more (16 MiB in float32, 8 MiB in 16-bit
-         // types; an output projection: 0.5 ms and up) is worth waking the
-         // team for: two threads read ~60 GB/s, and the
-         // host has nothing left to dispatch for that long (decode step of a
-         // 56M Llama, 65 MB lm_head: eager 9.0 -> 8.3 ms, compiled 7.3 -> 6.3
-         // ms; every linear on the team was slower, 9.7 / 8.0 ms).
-         /*threads=*/n * k >= kParallelLinearElements ? 0 : 1, own, library);
+  kselect::launchSelected(a.device().index(), name, key, own, library);
 }
 
 at::Tensor launch_small_linear(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,

@@ -15,6 +15,7 @@
 #include <ATen/ops/_fused_rms_norm.h>
 #include <ATen/ops/native_layer_norm_backward_cpu_dispatch.h>
 #include <ATen/ops/native_layer_norm_cpu_dispatch.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/rms_norm_ops.h>
 #include <ATen/ops/_log_softmax_cpu_dispatch.h>
 #include <ATen/ops/_log_softmax_meta.h>
@@ -104,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
       kselect::Op::kLayerNorm, input.scalar_type(), {rows, cols},
       (wc.defined() ? kselect::kWeight : 0) | (bc.defined() ? kselect::kBias : 0));
   kselect::launchSelected(
-      device, "aten::native_layer_norm", key, kernelThreads(2 * rows * cols),
+      device, "aten::native_layer_norm", key,
       [&] {
         return [=, dt = *dt, wdt = *wdt, xp = x.const_data_ptr(), yp = out.data_ptr(),
                 mp = mean.data_ptr<float>(), rp = rstd.data_ptr<float>()] {
@@ -180,13 +181,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
   at::Tensor db32 = mask[2] && bias.defined() ? param_grad_buffer(bias, device) : at::Tensor();
   const at::Tensor w = weight.defined() ? weight.contiguous() : weight;
   auto ptr = [](const at::Tensor& t) -> void* { return t.defined() ? t.data_ptr() : nullptr; };
-  launch(device, "aten::native_layer_norm_backward",
-         [=, dt = *dt, wdt = *wdt, dyp = dy.const_data_ptr(), xp = x.const_data_ptr(),
-          mp = mean.const_data_ptr<float>(), rp = rstd.const_data_ptr<float>(),
-          wp = w.defined() ? w.const_data_ptr() : nullptr, dxp = ptr(dx),
-          dwp = static_cast<float*>(ptr(dw32)), dbp = static_cast<float*>(ptr(db32))] {
-           k::layer_norm_backward(dt, rows, cols, dyp, xp, mp, rp, wdt, wp, dxp, dwp, dbp);
-         }, kernelThreads(3 * rows * cols));
+  auto own = [&] {
+    return [=, dt = *dt, wdt = *wdt, dyp = dy.const_data_ptr(), xp = x.const_data_ptr(),
+            mp = mean.const_data_ptr<float>(), rp = rstd.const_data_ptr<float>(),
+            wp = w.defined() ? w.const_data_ptr() : nullptr, dxp = ptr(dx),
+            dwp = static_cast<float*>(ptr(dw32)), dbp = static_cast<float*>(ptr(db32))] {
+      k::layer_norm_backward(dt, rows, cols, dyp, xp, mp, rp, wdt, wp, dxp, dwp, dbp);
+    };
+  };
+  if (rows * cols == 0) {  // nothing to select: zero dweight / dbias at most
+    kselect::launchWithThreadPolicy(device, "aten::native_layer_norm_backward", 0, own());
+  } else {
+    // Selected against ATen's CPU kernel.  It reads the statistics in the
+    // parameters' dtype: float32 parameters (its mixed-type path for 16-bit
+    // inputs; its float32 path) let it read our float32 statistics, so it gets
+    // the weight in float32 (ones for 16-bit inputs without one), and our
+    // float32 dbias buffer stands for the bias, of which it reads only the
+    // shape and dtype.  Its results are copied into ours.
+    const kselect::Key key = kselect::makeKey(
+        kselect::Op::kLayerNormBackward, input.scalar_type(), {rows, cols},
+        (w.defined() ? kselect::kWeight : 0) | (db32.defined() ? kselect::kBias : 0));
+    kselect::launchSelected(device, "aten::native_layer_norm_backward", key, own, [&] {
+      return [cdy = cpu_kernel::capture(dy), cx = cpu_kernel::capture(x),
+              cm = cpu_kernel::capture(mean), cr = cpu_kernel::capture(rstd),
+              cw = cpu_kernel::capture(w), cdx = cpu_kernel::capture(dx),
+              cdw = cpu_kernel::capture(dw32), cdb = cpu_kernel::capture(db32),
+              shape = normalized_shape.vec()] {
+        const at::Tensor xv = cx.view();
+        std::optional<at::Tensor> gamma, beta;
+        if (cw.defined()) {
+          gamma = cw.view().to(at::kFloat);
+        } else if (at::isReducedFloatingType(xv.scalar_type())) {
+          gamma = at::ones(shape, xv.options().dtype(at::kFloat));
+        }
+        if (cdb.defined()) beta = cdb.view();
+        auto [gx, gw, gb] = at::cpu::native_layer_norm_backward(
+            cdy.view(), xv, shape, cm.view().contiguous(), cr.view().contiguous(), gamma, beta,
+            {cdx.defined(), cdw.defined(), cdb.defined()});
+        if (cdx.defined()) cdx.view().copy_(gx);
+        if (cdw.defined()) cdw.view().copy_(gw);
+        if (cdb.defined()) cdb.view().copy_(gb);
+      };
+    });
+  }
   return {dx, dw32.defined() ? as_param_dtype(dw32, weight) : dw32,
           db32.defined() ? as_param_dtype(db32, bias) : db32};
 }
@@ -258,7 +295,7 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input,
       kselect::makeKey(kselect::Op::kRmsNorm, input.scalar_type(), {rows, cols},
                        w.defined() ? kselect::kWeight : 0);
   kselect::launchSelected(
-      device, "aten::_fused_rms_norm", key, kernelThreads(2 * rows * cols),
+      device, "aten::_fused_rms_norm", key,
       [&] {
         return [=, dt = *dt, wdt = *wdt, xp = x.const_data_ptr(),
                 wp = w.defined() ? w.const_data_ptr() : nullptr, yp = out.data_ptr(),
@@ -324,12 +361,12 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
   at::Tensor dw32 = mask[1] && weight.defined() ? param_grad_buffer(weight, device) : at::Tensor();
   auto ptr = [](const at::Tensor& t) -> void* { return t.defined() ? t.data_ptr() : nullptr; };
   if (rows * cols > 0) {
-    launch(device, "aten::_fused_rms_norm_backward",
+    kselect::launchWithThreadPolicy(device, "aten::_fused_rms_norm_backward", 3 * rows * cols,
            [=, dt = *dt, wdt = *wdt, dyp = dy.const_data_ptr(), xp = x.const_data_ptr(),
             wp = w.defined() ? w.const_data_ptr() : nullptr, rp = rstd.const_data_ptr<float>(),
             dxp = ptr(dx), dwp = static_cast<float*>(ptr(dw32))] {
              k::rms_norm_backward(dt, rows, cols, dyp, xp, wdt, wp, rp, dxp, dwp);
-           }, kernelThreads(3 * rows * cols));
+           });
   } else if (dw32.defined()) {
     dw32.zero_();
   }
@@ -361,7 +398,7 @@ at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, bool half_to_float,
   const kselect::Key key = kselect::makeKey(
       log ? kselect::Op::kLogSoftmax : kselect::Op::kSoftmax, self.scalar_type(), {rows, cols});
   kselect::launchSelected(
-      device, log ? "aten::_log_softmax" : "aten::_softmax", key, kernelThreads(2 * rows * cols),
+      device, log ? "aten::_log_softmax" : "aten::_softmax", key,
       [&] {
         return [=, dt = *kernelDType(self.scalar_type()), xp = self.const_data_ptr(),
                 yp = out.data_ptr()] { k::softmax_forward(dt, rows, cols, xp, cols, yp, log); };
@@ -406,7 +443,7 @@ at::Tensor softmax_backward_impl(const at::Tensor& grad, const at::Tensor& outpu
       log ? kselect::Op::kLogSoftmaxBackward : kselect::Op::kSoftmaxBackward,
       output.scalar_type(), {rows, cols});
   kselect::launchSelected(
-      device, name, key, kernelThreads(3 * rows * cols),
+      device, name, key,
       [&] {
         return [=, dt = *kernelDType(output.scalar_type()), gp = grad.const_data_ptr(),
                 yp = output.const_data_ptr(), dxp = dx.data_ptr()] {

@@ -1,12 +1,18 @@
 // Optimizer steps: the fused Adam/AdamW step (torch.optim's fused=True), and
 // GradScaler's unscale-and-check and scale update (fp16 training steps).
-//   fused kernel (kernels/optimizer.h): _fused_adam_, _fused_adamw_;
+//   fused kernel (kernels/optimizer.h): _fused_adam_, _fused_adamw_, selected
+//     against ATen's CPU fused kernels by trials (KernelSelect.h);
 //   generic stream kernel: the _amp_* ops.
+#include <ATen/Tensor.h>
+#include <ATen/ops/_fused_adam_cpu_dispatch.h>
+#include <ATen/ops/_fused_adamw_cpu_dispatch.h>
 #include <torch/library.h>
 
 #include <axon/kernels/dtype.h>
 #include <axon/kernels/optimizer.h>
 
+#include "../CpuKernel.h"
+#include "../KernelSelect.h"
 #include "../Kernels.h"
 #include "../Launch.h"
 #include "../OpDevice.h"
@@ -115,18 +121,55 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
   const float* lr_ptr = float_ptr(lr_tensor.defined() ? std::optional<at::Tensor>(lr_tensor)
                                                       : std::nullopt, "lr");
   k::AdamParams ap{lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled};
-  launch(device, name, [items = std::move(items), ap, scale, inf,
-                        lr_ptr]() mutable {
-    if (lr_ptr != nullptr) ap.lr = *lr_ptr;
-    for (const Item& it : items) {
-      k::adam_step(it.dt, it.numel, it.p, it.g, it.m, it.v, it.vmax, *it.step, ap, scale, inf);
-    }
-    // As ATen's fused kernels, leave the gradients unscaled (grad / grad_scale)
-    // when the step was taken.
-    if (scale != nullptr && (inf == nullptr || *inf == 0.0f)) {
-      for (const Item& it : items) unscale(it.dt, it.numel, const_cast<void*>(it.g), *scale);
-    }
-  }, kernelThreads(4 * elements));
+  auto own = [&] {
+    return [items = std::move(items), ap, scale, inf, lr_ptr]() mutable {
+      if (lr_ptr != nullptr) ap.lr = *lr_ptr;
+      for (const Item& it : items) {
+        k::adam_step(it.dt, it.numel, it.p, it.g, it.m, it.v, it.vmax, *it.step, ap, scale, inf);
+      }
+      // As ATen's fused kernels, leave the gradients unscaled (grad / grad_scale)
+      // when the step was taken.
+      if (scale != nullptr && (inf == nullptr || *inf == 0.0f)) {
+        for (const Item& it : items) unscale(it.dt, it.numel, const_cast<void*>(it.g), *scale);
+      }
+    };
+  };
+  // Selected against ATen's CPU fused Adam (by trials: the step updates its
+  // inputs) when the learning rate is a number and there is no gradient
+  // scaling; otherwise ours on the threads the thread policy picks.
+  if (lr_tensor.defined() || scale != nullptr || inf != nullptr) {
+    return kselect::launchWithThreadPolicy(device, name, 4 * elements, own());
+  }
+  const kselect::Key key = kselect::makeKey(kselect::Op::kAdam, params[0].scalar_type(),
+                                            {elements, static_cast<int64_t>(n)},
+                                            amsgrad ? kselect::kAmsgrad : 0);
+  kselect::launchSelectedInPlace(device, name, key, own, [&] {
+    auto views = [](at::TensorList list) {
+      std::vector<cpu_kernel::DeviceView> v;
+      v.reserve(list.size());
+      for (const at::Tensor& t : list) v.push_back(cpu_kernel::capture(t));
+      return v;
+    };
+    auto host = [](const std::vector<cpu_kernel::DeviceView>& v) {
+      std::vector<at::Tensor> t;
+      t.reserve(v.size());
+      for (const cpu_kernel::DeviceView& d : v) t.push_back(d.view());
+      return t;
+    };
+    return [p = views(params), g = views(grads), m = views(exp_avgs), v = views(exp_avg_sqs),
+            vmax = views(amsgrad ? max_exp_avg_sqs : at::TensorList()), st = views(steps), host,
+            lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled] {
+      const auto hp = host(p), hg = host(g), hm = host(m), hv = host(v), hvmax = host(vmax),
+                 hst = host(st);
+      if (decoupled) {
+        at::cpu::_fused_adamw_(hp, hg, hm, hv, hvmax, hst, lr, beta1, beta2, weight_decay, eps,
+                               amsgrad, maximize, std::nullopt, std::nullopt);
+      } else {
+        at::cpu::_fused_adam_(hp, hg, hm, hv, hvmax, hst, lr, beta1, beta2, weight_decay, eps,
+                              amsgrad, maximize, std::nullopt, std::nullopt);
+      }
+    };
+  });
 }
 
 // The four registered forms: Adam or AdamW (Decoupled), lr a double or a

@@ -1,0 +1,143 @@
+"""The thread policy (csrc/aten/KernelSelect.h): kernels without a selection (ATen's CPU
+kernels run as stream work) run on the stream worker alone or on its team as timed trials of
+their first launches decided, per (kernel, elements class); results are the CPU's whichever
+side ran, also for in-place ops that the trials cannot run twice; a table file decides;
+AXON_KERNEL_THREADS forces a side and its bad values warn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import FLOAT_DTYPES, assert_same, make
+
+import torch_axon  # noqa: F401
+from torch_axon import _C
+
+TEAM = torch.get_num_threads() > 1
+N = 1 << 17  # elements per tensor: above ATen's parallel grain (32768)
+
+
+@pytest.fixture
+def isolated(monkeypatch, tmp_path):
+    """Empty in-memory tables and a private table file; modes back to the environment after."""
+    monkeypatch.setenv("AXON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("AXON_KERNEL_SELECT_CACHE", "0")
+    torch.axon.synchronize()
+    torch.ops.axon._kernel_select_reset()
+    yield tmp_path
+    torch.axon.synchronize()
+    torch.ops.axon._set_kernel_threads("")
+    torch.ops.axon._kernel_select_reset()
+
+
+def rows(kernel: str) -> list[tuple]:
+    torch.axon.synchronize()
+    return [r for r in _C._thread_policy_table() if r[0] == kernel]
+
+
+@pytest.mark.skipif(not TEAM, reason="one thread: the team is the worker, nothing to decide")
+def test_trials_decide_and_results_match(isolated):
+    torch.ops.axon._set_kernel_threads("auto")
+    x, y = make((N,), torch.float32, seed=1), make((N,), torch.float32, seed=2)
+    xa, ya = x.axon(), y.axon()
+    launches = 12
+    for _ in range(launches):
+        assert_same(xa * ya, x * y)
+    [row] = rows("aten::mul.Tensor")
+    # x, y and the result: 3 * 2^17 elements, class <= 2^19
+    assert row[1] == "<=2^19" and row[3] == "measured" and row[2] in ("worker", "team")
+    assert row[4] > 0 and row[5] > 0
+    assert (row[2] == "team") == (row[5] < 0.75 * row[4])  # the team's handicap
+    assert row[6] + row[7] == launches and row[6] >= 3 and row[7] >= 3
+
+
+@pytest.mark.parametrize("mode", ["worker", "team", "auto"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_in_place_ops_run_once_whichever_side(mode, dtype, isolated):
+    """Trials alternate sides between launches; no launch runs twice (add_ would add twice).
+    (The first launch of a signature runs at the call, untimed: 3 timed runs a side take 8.)"""
+    torch.ops.axon._set_kernel_threads(mode)
+    x = make((N // 2, 2), dtype, seed=3)
+    xa = x.axon()
+    xt = xa.t()  # non-contiguous
+    for _ in range(8):
+        x.add_(0.5)
+        xa.add_(0.5)
+    x.t().mul_(2)
+    xt.mul_(2)
+    assert_same(xa, x, dtype=dtype)
+    if mode != "auto" or not TEAM:
+        assert rows("aten::add_.Tensor") == []  # no trials: a forced side, or no team
+    else:
+        [row] = rows("aten::add_.Tensor")
+        assert row[6] + row[7] == 8 and row[6] >= 3 and row[7] >= 3
+
+
+def test_small_and_zero_size_kernels_have_no_trials(isolated):
+    torch.ops.axon._set_kernel_threads("auto")
+    for shape in [(100,), (0,), (0, 7)]:
+        x = make(shape, torch.float32, seed=4)
+        for _ in range(4):
+            assert_same(x.axon() + 1, x + 1)
+    assert rows("aten::add.Tensor") == []
+
+
+def test_table_file_decides_and_persists(monkeypatch, isolated):
+    monkeypatch.setenv("AXON_KERNEL_SELECT_CACHE", "1")
+    torch.ops.axon._set_kernel_threads("auto")
+    path = torch.ops.axon._kernel_select_path()
+    x = make((N,), torch.float32, seed=5).axon()
+    for _ in range(10):
+        x.neg()
+    torch.axon.synchronize()
+    torch.ops.axon._kernel_select_save()
+    with open(path) as f:
+        data = json.load(f)
+    entries = [t for t in data["threads"] if t["kernel"] == "aten::neg"]
+    if not TEAM:  # no trials with one thread
+        assert entries == []
+        return
+    [entry] = entries
+    assert entry["elements"] == "<=2^18" and entry["elements_class"] == 18
+    # a file that says otherwise decides, with no trials
+    for threads in ("team", "worker"):
+        entry["threads"] = threads
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+        torch.ops.axon._kernel_select_reset()
+        for _ in range(3):
+            x.neg()
+        [row] = rows("aten::neg")
+        assert row[2:4] == (threads, "loaded")
+        assert (row[6], row[7]) == ((3, 0) if threads == "worker" else (0, 3))
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    e = dict(os.environ, AXON_KERNEL_SELECT_CACHE="0", **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
+                          timeout=120)
+
+
+def test_env_forces_a_side_and_bad_value_warns():
+    code = ("import torch, torch_axon\n"
+            f"x = torch.randn({N}, device='axon')\n"
+            "for _ in range(10): x.exp()\n"
+            "torch.axon.synchronize()\n"
+            "print([r[2:4] + r[6:] for r in torch_axon._C._thread_policy_table()])\n")
+    r = _python(code, AXON_KERNEL_THREADS="worker")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"  # forced: no trial, no entry
+    r = _python(code, AXON_KERNEL_THREADS="most")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("axon: ignoring AXON_KERNEL_THREADS='most' "
+                          "(expected worker, team or auto); using auto") == 1
+    if TEAM:
+        [(threads, source, worker, team)] = eval(r.stdout.strip())
+        assert source == "measured" and worker + team == 10
