@@ -251,6 +251,59 @@ def apply_malloc_reuse(args) -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_REUSE_ENV})
 
 
+# ---------------------------------------------------------------- kernel selection modes
+
+SELECT_HELP = ("axon's kernel-selection modes to time side by side, comma-separated, each "
+               "KERNEL[/THREADS] with KERNEL own|library|auto and THREADS worker|team|auto "
+               "(csrc/aten/KernelSelect.h: own = axon's kernels, library = ATen's CPU kernels as "
+               "stream work, worker / team = the stream worker alone / its thread team, auto = "
+               "as measured on this machine); default auto")
+
+
+def add_select_arg(p) -> None:
+    p.add_argument("--select", default="auto", help=SELECT_HELP)
+
+
+def parse_select(p, args) -> None:
+    """args.select: the list of modes; p.error on a bad one."""
+    modes = [m.strip() for m in str(args.select).split(",") if m.strip()]
+    for m in modes:
+        kernel, _, threads = m.partition("/")
+        if kernel not in ("own", "library", "auto") or threads not in ("", "worker", "team", "auto"):
+            p.error(f"--select: expected KERNEL[/THREADS] (own|library|auto, worker|team|auto), "
+                    f"got {m!r}")
+    args.select = modes or ["auto"]
+
+
+def select_variants(args) -> list[str]:
+    """cpu, then axon once per --select mode ("axon" alone for the default auto)."""
+    if args.select == ["auto"]:
+        return ["cpu", "axon"]
+    return ["cpu"] + [f"axon:{m}" for m in args.select]
+
+
+def device_of(variant: str) -> str:
+    return variant.split(":")[0]
+
+
+def set_select(variant: str) -> None:
+    """Sets variant's kernel-selection mode (axon:own/worker ...); "" (any other variant): the
+    environment's. Takes effect for later launches."""
+    kernel, _, threads = variant.split(":", 1)[1].partition("/") if ":" in variant else ("", "", "")
+    torch.ops.axon._set_kernel_select(kernel)
+    torch.ops.axon._set_kernel_threads(threads or ("auto" if kernel else ""))
+
+
+@contextlib.contextmanager
+def selected(variant: str):
+    """Runs the body in variant's kernel-selection mode."""
+    set_select(variant)
+    try:
+        yield
+    finally:
+        set_select("")
+
+
 # ---------------------------------------------------------------- timing
 
 
@@ -292,7 +345,7 @@ def alternate(measure: Callable[[str, int], object], repeats: int, devices: Sequ
     out: dict[str, list] = {d: [] for d in devices}
     for r in range(repeats):
         for d in devices:
-            with fallback if (fallback is not None and d == "axon") else contextlib.nullcontext():
+            with fallback if (fallback is not None and device_of(d) == "axon") else contextlib.nullcontext():
                 out[d].append(measure(d, r))
         if progress is not None:
             progress(r, out)

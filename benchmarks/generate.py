@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/generate.py [--repeats 3] [--dtype bfloat16] [--batch-sizes 1,8]
     .venv/bin/python benchmarks/generate.py --quick          # tiny model, seconds
+    .venv/bin/python benchmarks/generate.py --select auto,own,library,auto/worker  # axon's modes side by side
 
 The model is a LlamaForCausalLM built from a LlamaConfig with random init (hidden 512,
 8 layers, 8 heads, 4 kv heads, intermediate 1408, vocab 32000, untied embeddings), copied
@@ -11,7 +12,8 @@ model.generate(do_sample=False, min_new_tokens=max_new_tokens=--new-tokens), dyn
 alternating cpu, axon, cpu, axon, ...; each timed from a drained device to
 torch.axon.synchronize() after generate returns (prefill included). tokens/s counts
 generated tokens: batch x new tokens / seconds. The greedy tokens of every run are
-compared between the devices.
+compared between the devices. --select times axon once per kernel-selection mode (a row
+each; see benchmarks/_common.py SELECT_HELP).
 """
 
 from __future__ import annotations
@@ -57,8 +59,10 @@ def main() -> None:
                    help="torch.profiler over one axon generate per batch size: top ops by self CPU time")
     p.add_argument("--profile-rows", type=int, default=20)
     C.add_model_args(p)
+    C.add_select_arg(p)
     C.add_common_args(p)
     a = p.parse_args()
+    C.parse_select(p, a)
     C.apply_malloc_reuse(a)
     C.resolve_defaults(a, dict(repeats=(1, 3), batch_sizes=("1,2", "1,8"), new_tokens=(8, 128),
                                prompt_len=(8, 32)))
@@ -78,32 +82,41 @@ def main() -> None:
 
     rows, checks, fallbacks = [], [], {}
     g = torch.Generator().manual_seed(a.seed)
+    variants = C.select_variants(a)
+    axon_variants = variants[1:]
     for batch in batch_sizes:
         prompts = torch.randint(3, dims["vocab"], (batch, a.prompt_len), generator=g)
-        outs: dict[str, list[torch.Tensor]] = {d: [] for d in C.DEVICES}
-        for d in C.DEVICES:  # warmup (its tokens are checked too)
-            outs[d].append(generate(models[d], prompts, d, a.new_tokens)[0])
+        outs: dict[str, list[torch.Tensor]] = {v: [] for v in variants}
+        for v in variants:  # warmup (its tokens are checked too; auto's first launches measure)
+            with C.selected(v):
+                outs[v].append(generate(models[C.device_of(v)], prompts, C.device_of(v),
+                                        a.new_tokens)[0])
 
-        def measure(d: str, r: int) -> float:
-            out, sec = generate(models[d], prompts, d, a.new_tokens)
-            outs[d].append(out)
+        def measure(v: str, r: int) -> float:
+            with C.selected(v):
+                out, sec = generate(models[C.device_of(v)], prompts, C.device_of(v), a.new_tokens)
+            outs[v].append(out)
             return sec
 
         def progress(r: int, times: dict) -> None:
-            print(f"  batch {batch}: cpu {times['cpu'][-1]:.2f}s, axon {times['axon'][-1]:.2f}s",
+            print(f"  batch {batch}: " + ", ".join(f"{v} {times[v][-1]:.2f}s" for v in variants),
                   file=sys.stderr, flush=True)
         fallback = C.FallbackCounter()
-        times = C.alternate(measure, a.repeats, fallback=fallback, progress=progress)
+        times = C.alternate(measure, a.repeats, devices=variants, fallback=fallback,
+                            progress=progress)
         fallbacks[batch] = fallback
         tok = batch * a.new_tokens
-        c, x = C.median(times["cpu"]), C.median(times["axon"])
-        rows.append([batch, a.prompt_len, a.new_tokens, C.dtype_name(dtype), C.fmt_time(c), C.fmt_time(x),
-                     f"{tok / c:,.0f}", f"{tok / x:,.0f}", f"{c / x:.2f}x",
-                     f"{min(times['cpu']) / min(times['axon']):.2f}x",
-                     f"{c / a.new_tokens * 1e3:.1f}", f"{x / a.new_tokens * 1e3:.1f}"])
+        c = C.median(times["cpu"])
+        for v in axon_variants:
+            x = C.median(times[v])
+            rows.append([batch, a.prompt_len, a.new_tokens, C.dtype_name(dtype),
+                         v.partition(":")[2] or "auto", C.fmt_time(c), C.fmt_time(x),
+                         f"{tok / c:,.0f}", f"{tok / x:,.0f}", f"{c / x:.2f}x",
+                         f"{min(times['cpu']) / min(times[v]):.2f}x",
+                         f"{c / a.new_tokens * 1e3:.1f}", f"{x / a.new_tokens * 1e3:.1f}"])
         # every axon run against the first cpu run; every cpu run against the first cpu run
         ref = outs["cpu"][0]
-        eq_axon = [compare(o, ref) for o in outs["axon"]]
+        eq_axon = [compare(o, ref) for v in axon_variants for o in outs[v]]
         eq_cpu = [compare(o, ref) for o in outs["cpu"][1:]]
         checks.append((batch, eq_axon, eq_cpu, len(ref.unique())))
         if a.profile:
@@ -111,11 +124,12 @@ def main() -> None:
                            f"generate batch {batch}, {a.new_tokens} new tokens", rows=a.profile_rows, calls=1)
 
     print()
-    C.print_table(["batch", "prompt", "new tokens", "dtype", "cpu time", "axon time", "cpu tokens/s",
-                   "axon tokens/s", "axon/cpu tokens/s", "axon/cpu (best runs)", "cpu ms/step",
-                   "axon ms/step"],
-                  rows, align=["r", "r", "r", "l"] + ["r"] * 8)
-    print(f"median of {a.repeats} timed generates per device after one warmup; tokens/s = batch x "
+    C.print_table(["batch", "prompt", "new tokens", "dtype", "axon mode", "cpu time", "axon time",
+                   "cpu tokens/s", "axon tokens/s", "axon/cpu tokens/s", "axon/cpu (best runs)",
+                   "cpu ms/step", "axon ms/step"],
+                  rows, align=["r", "r", "r", "l", "l"] + ["r"] * 8)
+    print(f"median of {a.repeats} timed generates per device (and axon mode, --select) after one "
+          f"warmup each; tokens/s = batch x "
           f"new tokens / seconds (prefill included); ms/step = seconds / new tokens.")
     all_same = True
     for batch, eq_axon, eq_cpu, distinct in checks:

@@ -20,7 +20,8 @@ forward), the max |axon - cpu| of the outputs (gradients for fwd+bwd, parameters
 one step for AdamW) relative to max |cpu|, and the ops that ran through the CPU fallback
 during the axon measurement (per call).
 
---select own,library,auto times axon once per kernel-selection mode (csrc/aten/KernelSelect.h:
+--select own,library,auto times axon once per kernel-selection mode (csrc/aten/KernelSelect.h;
+a mode may name threads too, e.g. auto/worker:
 own = axon's kernels, library = ATen's CPU kernels run as device work, auto = whichever measured
 faster on this machine, from the table `python -m torch_axon.tune` prints), one column each;
 the default is auto alone.
@@ -185,24 +186,20 @@ def rel_diff(a_out, c_out) -> float:
 
 
 def variants(a) -> list[str]:
-    """cpu, then axon once per --select mode ("axon" alone for the default auto)."""
-    if a.select == ["auto"]:
-        return ["cpu", "axon"]
-    return ["cpu"] + [f"axon:{m}" for m in a.select]
+    return C.select_variants(a)
 
 
 def _device(v: str) -> str:
-    return v.split(":")[0]
+    return C.device_of(v)
 
 
 def _with_mode(v: str, fn):
     """fn under v's kernel-selection mode (axon:own ...); plain fn otherwise."""
     if ":" not in v:
         return fn
-    mode = v.split(":")[1]
 
     def call():
-        torch.ops.axon._set_kernel_select(mode)
+        C.set_select(v)
         return fn()
     return call
 
@@ -241,8 +238,7 @@ def run_case(case: Case, a) -> None:
         C.profile_axon(calls[vs[1]], f"{case.kernel} {case.shape} {C.dtype_name(case.dtype)} {case.kind}",
                        rows=a.profile_rows, calls=min(iters, 5))
     del calls
-    if len(vs) > 2:
-        torch.ops.axon._set_kernel_select("")
+    C.set_select("")
 
 
 def main() -> None:
@@ -266,8 +262,7 @@ def main() -> None:
     p.add_argument("--linear", default=None,
                    help="F.linear shapes rows x in x out, comma-separated, '' for none "
                         "(1x512x1408,8x512x1408,1x512x32000; quick 1x64x96,4x64x128)")
-    p.add_argument("--select", default="auto",
-                   help="kernel-selection modes to time axon in, comma-separated: own,library,auto")
+    C.add_select_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="torch.profiler top ops on axon, per kernel")
     p.add_argument("--profile-rows", type=int, default=12)
@@ -280,10 +275,7 @@ def main() -> None:
                                linear=("1x64x96,4x64x128", "1x512x1408,8x512x1408,1x512x32000")))
     a.norm_dims = [int(x) for x in str(a.norm_dims).split(",")]
     a.linear_shapes = [tuple(int(v) for v in x.split("x")) for x in a.linear.split(",") if x]
-    a.select = [m.strip() for m in a.select.split(",") if m.strip()]
-    for m in a.select:
-        if m not in ("own", "library", "auto"):
-            p.error(f"--select: expected own, library or auto, got {m!r}")
+    C.parse_select(p, a)
     torch.manual_seed(a.seed)
 
     C.print_header("kernels: per-kernel throughput, axon vs cpu eager", a)

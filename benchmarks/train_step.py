@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/train_step.py [--steps 1] [--repeats 5] [--dtype bfloat16] [--fused]
     .venv/bin/python benchmarks/train_step.py --quick          # tiny model, seconds
+    .venv/bin/python benchmarks/train_step.py --select auto,own,library   # axon's modes side by side
 
 The model of generate.py (LlamaForCausalLM from a LlamaConfig, random init, 56.4M
 parameters) on cpu and a copy with the same weights on axon. One step: loss =
@@ -14,11 +15,13 @@ same steps from the same init on the same data, so their losses should match clo
 
 Optimizer: torch.optim.AdamW(lr=1e-3, weight_decay=0.01); --optim default leaves the
 implementation to torch (for-loop over tensors on cpu, foreach on axon), foreach forces
-foreach=True, fused (or --fused) fused=True.
+foreach=True, fused (or --fused) fused=True. --select trains one axon copy per
+kernel-selection mode (a row each; see benchmarks/_common.py SELECT_HELP).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 
@@ -58,8 +61,10 @@ def main() -> None:
                    help="torch.profiler over one extra axon step: top ops by self CPU time")
     p.add_argument("--profile-rows", type=int, default=25)
     C.add_model_args(p)
+    C.add_select_arg(p)
     C.add_common_args(p)
     a = p.parse_args()
+    C.parse_select(p, a)
     C.apply_malloc_reuse(a)
     C.resolve_defaults(a, dict(batch=(2, 8), seq=(32, 256), steps=(2, 1), repeats=(1, 5)))
     if a.fused:
@@ -70,6 +75,9 @@ def main() -> None:
 
     C.print_header("train_step: forward + backward + AdamW step, axon vs cpu", a)
     models = C.build_models(dims, dtype, a.seed, max_positions=max(2048, a.seq))
+    variants = C.select_variants(a)
+    # each axon mode (--select) trains its own copy of the model from the same init
+    models = {v: models[v] if v in models else copy.deepcopy(models["axon"]) for v in variants}
     opts = {}
     for d, m in models.items():
         m.train()
@@ -84,54 +92,62 @@ def main() -> None:
     g = torch.Generator().manual_seed(a.seed)
     n_batches = a.warmup + a.repeats * a.steps
     batches = [torch.randint(3, dims["vocab"], (a.batch, a.seq), generator=g) for _ in range(n_batches)]
-    losses: dict[str, list[torch.Tensor]] = {d: [] for d in C.DEVICES}
+    losses: dict[str, list[torch.Tensor]] = {v: [] for v in variants}
+    dev = C.device_of
 
-    for d in C.DEVICES:  # warmup steps: part of the training run, not timed
-        for i in range(a.warmup):
-            losses[d].append(train_step(models[d], opts[d], batches[i].to(d)))
-        C.sync(d)
+    for v in variants:  # warmup steps: part of the training run, not timed (auto measures here)
+        with C.selected(v):
+            for i in range(a.warmup):
+                losses[v].append(train_step(models[v], opts[v], batches[i].to(dev(v))))
+            C.sync(dev(v))
 
-    def measure(d: str, r: int) -> float:
+    def measure(v: str, r: int) -> float:
         """Repetition r: --steps steps on their own batches, copied before the clock starts."""
-        inputs = [b.to(d) for b in batches[a.warmup + r * a.steps: a.warmup + (r + 1) * a.steps]]
+        inputs = [b.to(dev(v)) for b in batches[a.warmup + r * a.steps: a.warmup + (r + 1) * a.steps]]
 
         def run() -> None:
             for ids in inputs:
-                losses[d].append(train_step(models[d], opts[d], ids))
-        return C.timed(run, d)
+                losses[v].append(train_step(models[v], opts[v], ids))
+        with C.selected(v):
+            return C.timed(run, dev(v))
 
     def progress(r: int, times: dict) -> None:
-        print(f"  repetition {r + 1}/{a.repeats}: cpu {times['cpu'][-1] / a.steps * 1e3:.0f} ms/step, "
-              f"axon {times['axon'][-1] / a.steps * 1e3:.0f} ms/step", file=sys.stderr, flush=True)
+        print(f"  repetition {r + 1}/{a.repeats}: " + ", ".join(
+            f"{v} {times[v][-1] / a.steps * 1e3:.0f} ms/step" for v in variants),
+            file=sys.stderr, flush=True)
     fallback = C.FallbackCounter()
-    times = C.alternate(measure, a.repeats, fallback=fallback, progress=progress)
+    times = C.alternate(measure, a.repeats, devices=variants, fallback=fallback, progress=progress)
 
     tokens = a.batch * a.seq
-    c, x = C.median(times["cpu"]) / a.steps, C.median(times["axon"]) / a.steps
-    best = min(times["cpu"]) / min(times["axon"])
+    c = C.median(times["cpu"]) / a.steps
+    rows = []
+    for v in variants[1:]:
+        x = C.median(times[v]) / a.steps
+        best = min(times["cpu"]) / min(times[v])
+        rows.append([f"{a.batch} x {a.seq}", C.dtype_name(dtype), a.optim, v.partition(":")[2] or "auto",
+                     f"{c * 1e3:,.0f}", f"{x * 1e3:,.0f}", f"{tokens / c:,.0f}", f"{tokens / x:,.0f}",
+                     f"{c / x:.2f}x", f"{best:.2f}x"])
     print()
-    C.print_table(["batch x seq", "dtype", "AdamW", "cpu ms/step", "axon ms/step", "cpu tokens/s",
-                   "axon tokens/s", "axon/cpu tokens/s", "axon/cpu (best runs)"],
-                  [[f"{a.batch} x {a.seq}", C.dtype_name(dtype), a.optim, f"{c * 1e3:,.0f}",
-                    f"{x * 1e3:,.0f}", f"{tokens / c:,.0f}", f"{tokens / x:,.0f}", f"{c / x:.2f}x",
-                    f"{best:.2f}x"]],
-                  align=["l", "l", "l"] + ["r"] * 6)
-    print(f"median over {a.repeats} repetitions of {a.steps} steps per device, after {a.warmup} warmup "
-          f"step(s); tokens/s = batch x seq / (seconds per step); best runs: fastest repetition of each "
-          f"device.")
+    C.print_table(["batch x seq", "dtype", "AdamW", "axon mode", "cpu ms/step", "axon ms/step",
+                   "cpu tokens/s", "axon tokens/s", "axon/cpu tokens/s", "axon/cpu (best runs)"],
+                  rows, align=["l", "l", "l", "l"] + ["r"] * 6)
+    print(f"median over {a.repeats} repetitions of {a.steps} steps per device (and axon mode, "
+          f"--select), after {a.warmup} warmup step(s); tokens/s = batch x seq / (seconds per step); "
+          f"best runs: fastest repetition of each.")
 
-    lc = [float(v) for v in losses["cpu"]]
-    la = [float(v) for v in losses["axon"]]
-    diffs = [abs(u - v) for u, v in zip(lc, la)]
-    worst = max(range(len(diffs)), key=diffs.__getitem__)
-    print(f"loss after {len(lc)} steps from the same init on the same data: cpu {lc[-1]:.6f}, "
-          f"axon {la[-1]:.6f}, |diff| {diffs[-1]:.2e} (relative {diffs[-1] / abs(lc[-1]):.1e}); "
-          f"first step: cpu {lc[0]:.6f}, axon {la[0]:.6f}; largest |diff| {diffs[worst]:.2e} at step "
-          f"{worst + 1}")
-    print("losses per step, cpu:  " + " ".join(f"{v:.4f}" for v in lc))
-    print("losses per step, axon: " + " ".join(f"{v:.4f}" for v in la))
+    lc = [float(x) for x in losses["cpu"]]
+    print("losses per step, cpu:  " + " ".join(f"{x:.4f}" for x in lc))
+    for v in variants[1:]:
+        la = [float(x) for x in losses[v]]
+        diffs = [abs(u - w) for u, w in zip(lc, la)]
+        worst = max(range(len(diffs)), key=diffs.__getitem__)
+        print(f"{v}: loss after {len(lc)} steps from the same init on the same data: cpu {lc[-1]:.6f}, "
+              f"axon {la[-1]:.6f}, |diff| {diffs[-1]:.2e} (relative {diffs[-1] / abs(lc[-1]):.1e}); "
+              f"first step: cpu {lc[0]:.6f}, axon {la[0]:.6f}; largest |diff| {diffs[worst]:.2e} at "
+              f"step {worst + 1}")
+        print(f"losses per step, {v}: " + " ".join(f"{x:.4f}" for x in la))
     print(f"\nfallback ops during the timed axon steps (calls per step): "
-          f"{fallback.summary(per=a.repeats * a.steps, limit=30)}")
+          f"{fallback.summary(per=a.repeats * a.steps * (len(variants) - 1), limit=30)}")
     if a.profile:
         ids = batches[0].to("axon")
         C.profile_axon(lambda: train_step(models["axon"], opts["axon"], ids), "one training step",

@@ -926,24 +926,26 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
   // Forces a kernel in this process: "own", "library", "auto"; "" goes back
   // to AXON_KERNEL_SELECT.
   m.def("_set_kernel_select(str mode) -> ()", [](c10::string_view s) {
-    if (s.empty()) mode_override.store(-1);
-    else if (s == "own") mode_override.store(static_cast<int>(Mode::kOwn));
-    else if (s == "library") mode_override.store(static_cast<int>(Mode::kLibrary));
-    else if (s == "auto") mode_override.store(static_cast<int>(Mode::kAuto));
+    int v;
+    if (s.empty()) v = -1;
+    else if (s == "own") v = static_cast<int>(Mode::kOwn);
+    else if (s == "library") v = static_cast<int>(Mode::kLibrary);
+    else if (s == "auto") v = static_cast<int>(Mode::kAuto);
     else TORCH_CHECK(false, "_set_kernel_select: expected 'own', 'library', 'auto' or '', got '",
                      std::string(s), "'");
-    bump();
+    if (mode_override.exchange(v) != v) bump();
   });
   // Forces the threads in this process: "worker", "team", "auto"; "" goes
   // back to AXON_KERNEL_THREADS.
   m.def("_set_kernel_threads(str mode) -> ()", [](c10::string_view s) {
-    if (s.empty()) threads_override.store(-1);
-    else if (s == "worker") threads_override.store(static_cast<int>(ThreadsMode::kWorker));
-    else if (s == "team") threads_override.store(static_cast<int>(ThreadsMode::kTeam));
-    else if (s == "auto") threads_override.store(static_cast<int>(ThreadsMode::kAuto));
+    int v;
+    if (s.empty()) v = -1;
+    else if (s == "worker") v = static_cast<int>(ThreadsMode::kWorker);
+    else if (s == "team") v = static_cast<int>(ThreadsMode::kTeam);
+    else if (s == "auto") v = static_cast<int>(ThreadsMode::kAuto);
     else TORCH_CHECK(false, "_set_kernel_threads: expected 'worker', 'team', 'auto' or '', got '",
                      std::string(s), "'");
-    bump();
+    if (threads_override.exchange(v) != v) bump();
   });
   // Forgets the tables in memory; the next use reads the file again.
   m.def("_kernel_select_reset() -> ()", [] {
