@@ -308,8 +308,8 @@ def selected(variant: str):
 
 
 def sync(device: str) -> None:
-    if device == "axon":
-        torch.axon.synchronize()
+    if device.startswith("axon"):
+        torch.axon.synchronize(device)
 
 
 def timed(fn: Callable[[], object], device: str) -> float:

@@ -76,8 +76,14 @@ def main() -> None:
     C.print_header("train_step: forward + backward + AdamW step, axon vs cpu", a)
     models = C.build_models(dims, dtype, a.seed, max_positions=max(2048, a.seq))
     variants = C.select_variants(a)
-    # each axon mode (--select) trains its own copy of the model from the same init
-    models = {v: models[v] if v in models else copy.deepcopy(models["axon"]) for v in variants}
+    # each axon mode (--select) trains its own copy of the model from the same init, on a
+    # device of its own (one device's memory holds one training run)
+    devices = {"cpu": "cpu", **{v: "axon" if v == "axon" else f"axon:{i}"
+                                for i, v in enumerate(variants[1:])}}
+    if variants[1:] != ["axon"]:
+        del models["axon"]
+        for v in variants[1:]:
+            models[v] = copy.deepcopy(models["cpu"]).to(devices[v])
     opts = {}
     for d, m in models.items():
         m.train()
@@ -93,7 +99,7 @@ def main() -> None:
     n_batches = a.warmup + a.repeats * a.steps
     batches = [torch.randint(3, dims["vocab"], (a.batch, a.seq), generator=g) for _ in range(n_batches)]
     losses: dict[str, list[torch.Tensor]] = {v: [] for v in variants}
-    dev = C.device_of
+    dev = devices.__getitem__
 
     for v in variants:  # warmup steps: part of the training run, not timed (auto measures here)
         with C.selected(v):

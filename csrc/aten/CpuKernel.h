@@ -8,6 +8,7 @@
 // without going through the dispatcher again.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -204,20 +205,26 @@ void add_signature(Signature& s, const T& v) {
   }
 }
 
-// ---- the elements the tensor arguments hold (the thread policy's size: KernelSelect.h)
-inline void add_elements(int64_t& n, const DeviceView& v) {
+// ---- the elements the tensor arguments hold, summed and the largest (the
+// thread policy's sizes: KernelSelect.h)
+struct Elements {
+  int64_t sum = 0;
+  int64_t largest = 0;
+};
+inline void add_elements(Elements& n, const DeviceView& v) {
   if (!v.on_device) return;
   int64_t e = 1;
   for (int64_t s : v.sizes) e *= s;
-  n += e;
+  n.sum += e;
+  n.largest = std::max(n.largest, e);
 }
-inline void add_elements(int64_t& n, const std::optional<DeviceView>& v) {
+inline void add_elements(Elements& n, const std::optional<DeviceView>& v) {
   if (v.has_value()) add_elements(n, *v);
 }
 template <typename T>
-void add_elements(int64_t&, const T&) {}
+void add_elements(Elements&, const T&) {}
 template <typename V>
-void add_elements(int64_t& n, const std::vector<V>& list) {
+void add_elements(Elements& n, const std::vector<V>& list) {
   for (const V& v : list) add_elements(n, v);
 }
 
@@ -322,12 +329,12 @@ template <HostChecks checks = HostChecks::kFull, typename Fn, typename... Args>
 void launchCpuKernel(c10::DeviceIndex device, const char* name, Fn fn, const Args&... args) {
   auto work = std::make_unique<cpu_kernel::CpuKernelWork<Fn, Args...>>(fn, args...);
   Signature signature(checks);
-  int64_t elements = 0;
+  cpu_kernel::Elements elements;
   std::apply([&](const auto&... c) {
     (cpu_kernel::add_signature(signature, c), ...);
     (cpu_kernel::add_elements(elements, c), ...);
   }, work->captured());
-  const int threads = kselect::threadsFor(name, elements, *work);
+  const int threads = kselect::threadsFor(name, elements.sum, elements.largest, *work);
   launchChecked(device, name, signature.hash, threads, std::move(work));
 }
 

@@ -39,12 +39,18 @@ constexpr double kBudgetUs = 40000.0;
 // Handicaps (see KernelSelect.h): ATen's kernel wins when it is faster by
 // this factor, so ties (within a shared machine's noise) keep ours ...
 constexpr double kLibraryMargin = 0.95;
-// ... and the team when it is faster by this one: its second thread takes
-// the core the host dispatches the next kernels from (decoding a 56M Llama
-// on 2 cores, every linear on the team: 9.0 -> 9.7 ms per token although
-// each kernel alone was faster).
+// ... and the team must save a third of its time and at least
+// kTeamMinSavingUs: its second thread takes the core the host dispatches the
+// next kernels from, and after the kernel it spins there for a while
+// (OpenMP's wait policy), which no timing of the kernel itself shows.
+// Decoding a 56M Llama on 2 cores (AMD EPYC), fp32 batch 1: with the team
+// wherever it ran a kernel faster by a third, 10.2 ms per token; with every
+// kernel on the worker, 8.1 ms; the kernels the team sped up saved 5-40 us
+// each.  Kernels that save more (the 65 MB output projection: ~400 us,
+// attention over a prefill: ms) gain from it.
 constexpr double kTeamMargin = 0.75;
-// Timed runs per side before the thread policy decides.
+constexpr double kTeamMinSavingUs = 100.0;
+// Timed runs per side before a trial decides (after one that warms up).
 constexpr int kTrialRuns = 3;
 // The table file is rewritten at most this often (and at exit).
 constexpr double kSaveIntervalS = 1.0;
@@ -55,8 +61,11 @@ constexpr bool isLibrary(int v) { return v >= 2; }
 constexpr bool isTeam(int v) { return (v & 1) != 0; }
 Choice variantChoice(int v) { return Choice{isLibrary(v) ? Impl::kLibrary : Impl::kOwn,
                                             isTeam(v) ? 0 : 1}; }
-double handicap(int v) {
-  return (isLibrary(v) ? 1.0 / kLibraryMargin : 1.0) * (isTeam(v) ? 1.0 / kTeamMargin : 1.0);
+// A variant's time with its handicaps, the quantity the choice minimises.
+double handicapped(int v, double us) {
+  double t = isLibrary(v) ? us / kLibraryMargin : us;
+  if (isTeam(v)) t += std::max(t * (1.0 / kTeamMargin - 1.0), kTeamMinSavingUs);
+  return t;
 }
 
 struct Entry {
@@ -547,7 +556,7 @@ int best(const std::array<double, kVariants>& us, uint8_t mask) {
   double score = std::numeric_limits<double>::infinity();
   for (int v = 0; v < kVariants; ++v) {
     if (!(mask & (1 << v)) || us[v] < 0) continue;
-    const double s = us[v] * handicap(v);
+    const double s = handicapped(v, us[v]);
     if (s < score) {
       score = s;
       winner = v;
@@ -797,12 +806,13 @@ void recordTrial(void* trial, int variant, double us) {
   Entry& e = *static_cast<Entry*>(trial);
   std::lock_guard<std::mutex> g(table_mutex);
   if (e.source != Source::kPending) return;  // decided meanwhile, or forgotten
+  // Each variant's first timed run warms up.
+  if (e.trial_timed[variant]++ == 0) return;
   e.us[variant] = e.us[variant] < 0 ? us : std::min(e.us[variant], us);
-  ++e.trial_timed[variant];
   uint8_t issued = 0;
   for (int v = 0; v < kVariants; ++v) {
     if (e.trial_issued[v] > 0) issued |= 1 << v;
-    if (e.trial_issued[v] > 0 && e.trial_timed[v] < kTrialRuns) return;
+    if (e.trial_issued[v] > 0 && e.trial_timed[v] <= kTrialRuns) return;
   }
   e.source = Source::kMeasured;
   const uint8_t available = teamAvailable() ? 0xf : 0b0101;
@@ -817,19 +827,20 @@ void ThreadEntry::record(int threads, double us) {
   const int side = threads == 1 ? 0 : 1;
   std::lock_guard<std::mutex> g(table_mutex);
   if (source != Source::kPending) return;  // decided meanwhile, or forgotten
+  // Each side's first timed run warms up (cold caches, a team not yet woken).
+  if (timed[side]++ == 0) return;
   best[side] = best[side] < 0 ? us : std::min(best[side], us);
-  ++timed[side];
-  if (timed[0] < kTrialRuns || timed[1] < kTrialRuns) return;
-  this->threads = best[1] < kTeamMargin * best[0] ? 0 : 1;
+  if (timed[0] <= kTrialRuns || timed[1] <= kTrialRuns) return;
+  this->threads = handicapped(1, best[1]) < best[0] ? 0 : 1;
   source = Source::kMeasured;
   dirty = true;
   bump();
 }
 
-int threadsFor(const char* name, int64_t elements, Work& work) {
-  // ATen's loops do not split fewer elements than their grain (elements sums
-  // the kernel's tensors, at least the elements it iterates over).
-  if (elements < at::internal::GRAIN_SIZE) return 1;
+int threadsFor(const char* name, int64_t elements, int64_t largest, Work& work) {
+  // ATen's loops do not split fewer elements than their grain (the largest
+  // tensor holds at least the elements a kernel iterates over).
+  if (largest < at::internal::GRAIN_SIZE) return 1;
   switch (threadsMode()) {
     case ThreadsMode::kWorker: return 1;
     case ThreadsMode::kTeam: return 0;

@@ -27,9 +27,10 @@
 //   then ATen's, each round-robin over its thread variants: once untimed,
 //   then up to kMaxReps times or until half of kBudgetUs has passed (at
 //   least twice each), takes each one's minimum and picks the smallest time
-//   after a handicap: ATen's kernel must be 5% faster than ours (ties keep
-//   ours) and the team kKeepHostCore faster than the worker alone (the team
-//   takes the core the host dispatches from).  The winner runs last, so the
+//   after handicaps: ATen's kernel must be 5% faster than ours (ties keep
+//   ours), and the team must save a third of its time and at least 100 us
+//   over the worker alone (it takes the core the host dispatches from, and
+//   its thread spins there after the kernel).  The winner runs last, so the
 //   launch's result is the winner's.  All variants write the same outputs and
 //   read inputs the op does not write (callers only select for out-of-place
 //   kernels).  Launches of a key whose measurement is still queued run our
@@ -38,9 +39,10 @@
 // Thread policy (2): such kernels may write their inputs (in-place ops), so
 // they cannot be run twice; instead launches of a key alternate between the
 // worker and the team, timed on the worker, until each side has kTrialRuns
-// timed runs; then the faster side by the same handicap wins.  Kernels of
-// fewer elements than ATen's parallel grain (at::internal::GRAIN_SIZE) run on
-// the worker without a trial: ATen's loops would not split them.
+// timed runs after one that warms up; then the faster side by the same
+// handicap wins.  Kernels whose largest tensor holds fewer elements than
+// ATen's parallel grain (at::internal::GRAIN_SIZE) run on the worker without
+// a trial: ATen's loops would not split them.
 // AXON_KERNEL_THREADS forces a side here too.
 //
 // - Persisted per machine: ${AXON_CACHE_DIR:-~/.cache/torch_axon}/
@@ -203,15 +205,16 @@ void launchSelectedInPlace(c10::DeviceIndex device, const char* name, const Key&
 
 // The thread policy of a kernel without a selection (CpuKernel.h): the
 // threads of this launch of `name` (an interned or literal name) touching
-// `elements` elements; sets work.timed when the launch is a trial.
-int threadsFor(const char* name, int64_t elements, Work& work);
+// `elements` elements over its tensors, the largest of them `largest`; sets
+// work.timed when the launch is a trial.
+int threadsFor(const char* name, int64_t elements, int64_t largest, Work& work);
 
 // Launches fn (a callable without arguments) on the threads threadsFor()
 // picks for `elements` elements.
 template <typename Fn>
 void launchWithThreadPolicy(c10::DeviceIndex device, const char* name, int64_t elements, Fn&& fn) {
   std::unique_ptr<Work> work = functionWork(std::function<void()>(std::forward<Fn>(fn)));
-  const int threads = threadsFor(name, elements, *work);
+  const int threads = threadsFor(name, elements, elements, *work);
   launch(device, name, std::move(work), threads);
 }
 

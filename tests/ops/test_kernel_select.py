@@ -170,7 +170,7 @@ def _adam_steps(opt_cls, dtype, steps, amsgrad, device, **kw):
 def test_fused_adam(mode, dtype, opt_cls, amsgrad, isolated, no_fallback):
     """Adam updates its inputs: auto decides by trials over launches, never by running twice."""
     torch.ops.axon._set_kernel_select(mode)
-    steps = 14  # enough for auto's trials (3 timed runs of each variant) to decide
+    steps = 20  # enough for auto's trials (a warm-up and 3 timed runs of each variant)
     got = _adam_steps(opt_cls, dtype, steps, amsgrad, "axon")
     expected = _adam_steps(opt_cls, dtype, steps, amsgrad, "cpu")
     for g, e in zip(got, expected):
