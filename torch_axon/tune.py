@@ -6,7 +6,7 @@ stream worker alone or on its thread team, per (op, dtype, shape class, layout).
 shape class is the ceil(log2) bucket of each dimension that matters (linear: m, k, n;
 softmax and norms: rows, cols; attention: batch*heads, q, kv, head dim), shown as its
 upper bound ("k<=512" holds 257..512).  Every other kernel runs on the worker or the
-team as timed trials of its first launches decided, per (kernel, elements class).
+team as timed trials of its first launches decided, per (kernel, class of bytes).
 Both tables live in
 ``${AXON_CACHE_DIR:-~/.cache/torch_axon}/kernel_select-<machine hash>.json``.
 
@@ -36,7 +36,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 COLUMNS = ("op", "dtype", "shape class", "layout", "choice", "threads", "source",
            "own/worker us", "own/team us", "library/worker us", "library/team us", "own runs",
            "library runs")
-THREAD_COLUMNS = ("kernel", "elements", "threads", "source", "worker us", "team us",
+THREAD_COLUMNS = ("kernel", "bytes", "threads", "source", "worker us", "team us",
                   "worker runs", "team runs")
 
 
@@ -54,8 +54,8 @@ def table() -> list[tuple]:
 
 
 def thread_table() -> list[tuple]:
-    """The rows (kernel, elements class, threads, source, worker us, team us, worker runs,
-    team runs) of the thread policy."""
+    """The rows (kernel, class of bytes its tensors hold, threads, source, worker us, team us,
+    worker runs, team runs) of the thread policy."""
     return [tuple(r) for r in _C()._thread_policy_table()]
 
 
@@ -127,7 +127,7 @@ def _run_standard(device: str = "axon") -> None:
         # elementwise kernels of a prefill (the thread policy's trials: a few launches each)
         for shape in ((128, HIDDEN), (128, INTERMEDIATE), (8, VOCAB)):
             x, y = rand(*shape, dtype=dt), rand(*shape, dtype=dt)
-            for _ in range(8):
+            for _ in range(10):  # the first runs at the call, untimed; a warm-up and 3 a side
                 x * y
                 x + y
                 F.silu(x)

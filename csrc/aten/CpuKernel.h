@@ -205,17 +205,17 @@ void add_signature(Signature& s, const T& v) {
   }
 }
 
-// ---- the elements the tensor arguments hold, summed and the largest (the
-// thread policy's sizes: KernelSelect.h)
+// ---- the bytes the tensor arguments hold and the elements of the largest
+// (the thread policy's sizes: KernelSelect.h)
 struct Elements {
-  int64_t sum = 0;
-  int64_t largest = 0;
+  int64_t bytes = 0;    // summed over the tensors
+  int64_t largest = 0;  // elements of the largest tensor
 };
 inline void add_elements(Elements& n, const DeviceView& v) {
   if (!v.on_device) return;
   int64_t e = 1;
   for (int64_t s : v.sizes) e *= s;
-  n.sum += e;
+  n.bytes += e * static_cast<int64_t>(v.dtype.itemsize());
   n.largest = std::max(n.largest, e);
 }
 inline void add_elements(Elements& n, const std::optional<DeviceView>& v) {
@@ -334,7 +334,7 @@ void launchCpuKernel(c10::DeviceIndex device, const char* name, Fn fn, const Arg
     (cpu_kernel::add_signature(signature, c), ...);
     (cpu_kernel::add_elements(elements, c), ...);
   }, work->captured());
-  const int threads = kselect::threadsFor(name, elements.sum, elements.largest, *work);
+  const int threads = kselect::threadsFor(name, elements.bytes, elements.largest, *work);
   launchChecked(device, name, signature.hash, threads, std::move(work));
 }
 

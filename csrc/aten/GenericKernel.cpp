@@ -5,12 +5,14 @@
 #include <unordered_map>
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/strides.h>
 
 #include "../core/AxonGenerator.h"
 #include "Fallback.h"
 #include "HostView.h"
+#include "KernelSelect.h"
 #include "Launch.h"
 #include "OpDevice.h"
 
@@ -300,6 +302,89 @@ std::optional<int> without_meta(const c10::FunctionSchema& schema) {
   return it->second;
 }
 
+// Listed ops whose Meta kernel lays the result out otherwise than the CPU
+// kernel (found by tests/ops/test_generic_layout.py): the result takes the
+// CPU's layout, so that what the program can observe (strides, whether a
+// later reshape is a view) is the CPU's.  kIterator: TensorIterator's
+// (dimensions ordered as the inputs' strides say; the Meta kernels are
+// Python decompositions that make dense results); kContiguous.
+enum class Layout { kIterator, kContiguous };
+std::optional<Layout> cpu_layout(const c10::FunctionSchema& schema) {
+  static const std::unordered_map<std::string, Layout> ops = {
+      {"aten::floor_divide", Layout::kIterator},
+      {"aten::hardswish_backward", Layout::kIterator},
+      {"aten::rrelu_with_noise", Layout::kContiguous},
+      {"aten::log_sigmoid_forward", Layout::kContiguous}};
+  if (!schema.overload_name().empty()) return std::nullopt;
+  const auto it = ops.find(schema.name());
+  if (it == ops.end()) return std::nullopt;
+  return it->second;
+}
+
+// Restrides a meta result as cpu_layout says (same sizes and dtype).
+void apply_cpu_layout(Layout layout, const torch::jit::Stack& meta_args, at::Tensor& result) {
+  if (!result.defined()) return;
+  std::vector<int64_t> strides;
+  if (layout == Layout::kContiguous) {
+    const auto c = c10::contiguous_strides(result.sizes());
+    strides.assign(c.begin(), c.end());
+  } else {
+    // The order TensorIterator gives the dimensions depends on the operands'
+    // strides only: its dtype logic is kept out (promote to a common dtype,
+    // Python numbers and CPU scalars left out).
+    at::TensorIteratorConfig config;
+    at::Tensor out;
+    config.add_output(out).promote_inputs_to_common_dtype(true).resize_outputs(true);
+    int inputs = 0;
+    for (const c10::IValue& v : meta_args) {
+      if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_meta() &&
+          v.toTensor().dim() > 0) {
+        config.add_const_input(v.toTensor());
+        ++inputs;
+      }
+    }
+    if (inputs == 0) return;
+    try {
+      const at::TensorIterator iter = config.build();
+      if (iter.output(0).sizes() != result.sizes()) return;
+      strides.assign(iter.output(0).strides().begin(), iter.output(0).strides().end());
+    } catch (const std::exception&) {
+      return;  // the Meta kernel's layout
+    }
+  }
+  result = at::detail::empty_strided_meta(result.sizes(), strides, result.scalar_type(),
+                                          std::nullopt, c10::Device(c10::kMeta), std::nullopt);
+}
+
+// The bytes of v's device tensors and the elements of the largest: the
+// thread policy's sizes (KernelSelect.h).
+struct Elements {
+  int64_t bytes = 0;
+  int64_t largest = 0;
+};
+void count_elements(const c10::IValue& v, Elements& n) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (t.defined() && !t.is_cpu()) {
+      n.bytes += t.numel() * static_cast<int64_t>(t.itemsize());
+      n.largest = std::max(n.largest, t.numel());
+    }
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) count_elements(t, n);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) count_elements(e, n);
+  }
+}
+
+// Launches the CPU kernel on the threads the thread policy picks.
+template <typename Fn>
+void launchGeneric(c10::DeviceIndex device, const char* name, uint64_t signature,
+                   const Elements& elements, Fn&& fn) {
+  std::unique_ptr<Work> work = functionWork(std::function<void()>(std::forward<Fn>(fn)));
+  const int threads = kselect::threadsFor(name, elements.bytes, elements.largest, *work);
+  launchChecked(device, name, signature, threads, std::move(work));
+}
+
 // The storages of v's device tensors (by identity: empty ones have no data).
 void add_storages(const c10::IValue& v, std::vector<const void*>& out) {
   if (v.isTensor()) {
@@ -383,6 +468,9 @@ void genericStreamKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
       if (plan.written[i]) written_meta.push_back(meta[i]);
     }
   }
+  const std::optional<Layout> layout = cpu_layout(schema);
+  torch::jit::Stack meta_args;  // what the Meta kernel consumes, when the layout needs them
+  if (layout.has_value()) meta_args = meta;
   if (const auto like = without_meta(schema); like.has_value()) {
     // No Meta kernel: the result is shaped like an argument (or there is none).
     if (*like >= 0) {
@@ -408,6 +496,15 @@ void genericStreamKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
     }
   }
 
+  if (layout.has_value() && plan.kind == OpPlan::Kind::kFunctional &&
+      (meta.size() == 1 || *layout == Layout::kContiguous)) {
+    for (c10::IValue& r : meta) {
+      if (!r.isTensor()) continue;
+      at::Tensor result = r.toTensor();
+      apply_cpu_layout(*layout, meta_args, result);
+      r = result;
+    }
+  }
   if (plan.kind == OpPlan::Kind::kMutating &&
       resizes_an_alias(*stack, begin, num_args, plan.written, written_meta)) {
     // An out= argument the Meta kernel resizes shares memory with another
@@ -448,7 +545,9 @@ void genericStreamKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   if (plan.kind == OpPlan::Kind::kMutating) {
     std::vector<c10::IValue> returns;
     for (size_t r : plan.return_arg) returns.push_back((*stack)[begin + r]);
-    launchChecked(device, name, signature.hash, 0, std::move(work));
+    Elements elements;
+    for (size_t i = 0; i < num_args; ++i) count_elements((*stack)[begin + i], elements);
+    launchGeneric(device, name, signature.hash, elements, std::move(work));
     torch::jit::drop(*stack, num_args);
     for (auto& r : returns) stack->push_back(std::move(r));
     return;
@@ -464,7 +563,10 @@ void genericStreamKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   work.views.clear();
   // Empty results too: the CPU kernel still checks the arguments (a dtype it
   // does not take raises on the CPU whatever the size).
-  launchChecked(device, name, signature.hash, 0, std::move(work));
+  Elements elements;
+  for (size_t i = 0; i < num_args; ++i) count_elements((*stack)[begin + i], elements);
+  for (const c10::IValue& r : results) count_elements(r, elements);
+  launchGeneric(device, name, signature.hash, elements, std::move(work));
   torch::jit::drop(*stack, num_args);
   for (auto& r : results) stack->push_back(std::move(r));
 }

@@ -27,6 +27,9 @@
 #include <torch/library.h>
 
 #include <axon/env.h>
+#include <omp.h>
+
+#include "HostView.h"
 
 namespace at::axon::kselect {
 namespace {
@@ -268,22 +271,26 @@ std::string cachePath() {
 
 // ------------------------------------------------------------ the tables
 
-std::mutex table_mutex;
+// The tables live as long as the process: stream workers may still use them
+// while static destructors run at exit.
+std::mutex& table_mutex = *new std::mutex;
 // Entries are never freed (the per-thread caches and in-flight trials point
 // at them); forgetting the table marks them unmeasured.
-std::unordered_map<uint64_t, std::unique_ptr<Entry>> entries;  // guarded by table_mutex
+auto& entries = *new std::unordered_map<uint64_t, std::unique_ptr<Entry>>;  // table_mutex
 bool loaded = false;                                           // guarded by table_mutex
-std::mutex file_mutex;                                         // one writer per process
+std::mutex& file_mutex = *new std::mutex;  // one writer per process
 
-// Thread policy entries, by (kernel name, elements class).
+// Thread policy entries, by (kernel name, class of bytes; `elements` below
+// holds the bytes class).
 struct ThreadEntry final : TimedRun {
   std::string kernel;
   uint8_t elements = 0;
   Source source = Source::kUnmeasured;  // guarded by table_mutex
-  int threads = 1;                      // the choice once measured or loaded
+  std::atomic<int> threads{1};          // the choice once measured or loaded
   double best[2] = {-1, -1};            // worker, team; -1: none timed
   int timed[2] = {0, 0};
   int64_t issued[2] = {0, 0};
+  int untimed = 0;                      // trial runs at the call (Launch.cpp), not timed
   std::atomic<int64_t> runs[2] = {0, 0};
   void record(int threads, double us) override;
 };
@@ -297,7 +304,7 @@ struct NameKeyHash {
     return std::hash<const void*>()(k.name) * 31 + k.elements;
   }
 };
-std::unordered_map<NameKey, ThreadEntry*, NameKeyHash> thread_entries;  // guarded by table_mutex
+auto& thread_entries = *new std::unordered_map<NameKey, ThreadEntry*, NameKeyHash>;  // table_mutex
 // What the table file says, by (kernel name, elements class): the entries
 // created for a name read it when first seen.
 struct FileThreadEntry {
@@ -306,7 +313,7 @@ struct FileThreadEntry {
   int threads;
   double worker_us, team_us;
 };
-std::unordered_map<std::string, FileThreadEntry> file_threads;  // guarded by table_mutex
+auto& file_threads = *new std::unordered_map<std::string, FileThreadEntry>;  // table_mutex
 std::string fileThreadKey(const std::string& kernel, uint8_t elements) {
   return kernel + "#" + std::to_string(elements);
 }
@@ -363,7 +370,7 @@ void readFile(const std::string& path, std::vector<FileEntry>& out,
     if (!threads || (*threads != "worker" && *threads != "team")) continue;
     const int team = *threads == "team" ? 1 : 0;
     if (const auto kernel = string_field("kernel")) {
-      const double cls = number("elements_class");
+      const double cls = number("bytes_class");
       if (cls < 0 || cls > 62) continue;
       threads_out.push_back(FileThreadEntry{*kernel, static_cast<uint8_t>(cls), team ? 0 : 1,
                                             number("worker_us"), number("team_us")});
@@ -389,13 +396,19 @@ void readFile(const std::string& path, std::vector<FileEntry>& out,
 
 void saveAtExit();
 
+// Registered when _C loads, before any device's runtime registers its own
+// exit work: exit handlers run in reverse, so the stream workers have drained
+// (their measurements recorded) when the table is written.
+const bool save_at_exit_registered = [] {
+  std::atexit(saveAtExit);
+  return true;
+}();
+
 void loadLocked() {
   if (loaded) return;
   loaded = true;
   const std::string path = cachePath();
   if (path.empty()) return;
-  static std::once_flag at_exit;
-  std::call_once(at_exit, [] { std::atexit(saveAtExit); });
   std::vector<FileEntry> file;
   std::vector<FileThreadEntry> file_thread;
   readFile(path, file, file_thread);
@@ -458,7 +471,12 @@ void save() {
   mkdirs(path.substr(0, path.rfind('/')));
   const int lock = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock < 0) return;
-  ::flock(lock, LOCK_EX);
+  // Another process writing (or a stopped one holding the lock): try again
+  // later rather than wait on the host's dispatch path.
+  if (::flock(lock, LOCK_EX | LOCK_NB) != 0) {
+    ::close(lock);
+    return;
+  }
   std::vector<FileEntry> file;
   std::vector<FileThreadEntry> file_thread;
   readFile(path, file, file_thread);
@@ -479,10 +497,10 @@ void save() {
             FileThreadEntry{t->kernel, t->elements, t->threads, t->best[0], t->best[1]};
       }
     }
-    dirty = false;
     last_save = std::chrono::steady_clock::now();
   }
   const std::string tmp = path + "." + std::to_string(::getpid()) + ".tmp";
+  bool written = false;
   {
     std::ofstream f(tmp, std::ios::trunc);
     f << "{\n  \"format\": \"torch_axon kernel_select 2\",\n  \"machine\": "
@@ -508,15 +526,23 @@ void save() {
     sep = "\n";
     for (const auto& [name, t] : all_threads) {
       f << sep << "    {\"kernel\": " << jsonString(t.kernel)
-        << ", \"elements_class\": " << static_cast<int>(t.elements) << ", \"elements\": \"<=2^"
+        << ", \"bytes_class\": " << static_cast<int>(t.elements) << ", \"bytes\": \"<=2^"
         << static_cast<int>(t.elements) << "\", \"threads\": \""
         << threadsName(t.threads) << "\", \"worker_us\": " << jsonNumber(t.worker_us)
         << ", \"team_us\": " << jsonNumber(t.team_us) << "}";
       sep = ",\n";
     }
     f << "\n  ]\n}\n";
+    f.close();
+    written = !f.fail();
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
+  // Only a complete file replaces the table (a full disk leaves the old one).
+  if (!written || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+  } else {
+    std::lock_guard<std::mutex> g(table_mutex);
+    dirty = false;
+  }
   ::flock(lock, LOCK_UN);
   ::close(lock);
 }
@@ -651,10 +677,11 @@ Decision choose(const Key& key) {
   std::optional<Choice> c;
   if (__builtin_popcount(allowed) == 1) {
     c = variantChoice(__builtin_ctz(allowed));
-  } else if (allowed == 0xf && known(e.source) && e.auto_variant >= 0) {
-    c = variantChoice(e.auto_variant);
   } else if (known(e.source) && (allowed & ~measuredMask(e)) == 0 && best(e.us, allowed) >= 0) {
-    c = variantChoice(best(e.us, allowed));
+    // The table's choice (as measured, or as someone edited the file) when
+    // the modes leave every variant open.
+    c = variantChoice(allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant
+                                                            : best(e.us, allowed));
   } else if (e.source == Source::kPending) {
     // Its measurement is queued: ours on the worker if the modes allow it.
     count(e, (allowed & 0b0011) ? Impl::kOwn : Impl::kLibrary);
@@ -668,10 +695,29 @@ Decision choose(const Key& key) {
   return Decision{c, 0};
 }
 
+void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& own,
+                     const std::function<void()>& library);
+
 void measure(const Key& key, uint8_t mask, const std::function<void()>& own,
              const std::function<void()>& library) {
+  try {
+    measureVariants(key, mask, own, library);
+  } catch (...) {
+    // Measured again by a later launch (this one's error is the launch's).
+    std::lock_guard<std::mutex> g(table_mutex);
+    Entry& e = *entries.at(key.packed());
+    if (e.source == Source::kPending) e.source = Source::kUnmeasured;
+    throw;
+  }
+}
+
+void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& own,
+                     const std::function<void()>& library) {
   using clock = std::chrono::steady_clock;
-  if (kernelTeamSize() <= 1) mask &= 0b0101;
+  if (kernelTeamSize() <= 1) {
+    // No team on this worker: its variants run on the worker.
+    mask = (mask | (mask >> 1)) & 0b0101;
+  }
   std::array<double, kVariants> us{-1, -1, -1, -1};
   for (int v = 0; v < kVariants; ++v) {
     if (mask & (1 << v)) us[v] = std::numeric_limits<double>::infinity();
@@ -731,6 +777,7 @@ void measure(const Key& key, uint8_t mask, const std::function<void()>& own,
   if (winner < 0) {
     // Only ATen's kernel was allowed, and it failed: run it once more so that
     // its error is the launch's.
+    TORCH_INTERNAL_ASSERT((mask & 0b0011) == 0 && mask != 0);
     winner = __builtin_ctz(mask);
     setKernelThreads(isTeam(winner) ? 0 : 1);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -773,10 +820,9 @@ TrialDecision chooseTrial(const Key& key) {
   std::optional<Choice> c;
   if (__builtin_popcount(allowed) == 1) {
     c = variantChoice(__builtin_ctz(allowed));
-  } else if (allowed == 0xf && known(e.source) && e.auto_variant >= 0) {
-    c = variantChoice(e.auto_variant);
   } else if (known(e.source) && (allowed & ~measuredMask(e)) == 0 && best(e.us, allowed) >= 0) {
-    c = variantChoice(best(e.us, allowed));
+    c = variantChoice(allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant
+                                                            : best(e.us, allowed));
   }
   if (c) {
     count(e, c->impl);
@@ -804,15 +850,24 @@ TrialDecision chooseTrial(const Key& key) {
 
 void recordTrial(void* trial, int variant, double us) {
   Entry& e = *static_cast<Entry*>(trial);
+  const uint8_t allowed = allowedVariants();
   std::lock_guard<std::mutex> g(table_mutex);
   if (e.source != Source::kPending) return;  // decided meanwhile, or forgotten
-  // Each variant's first timed run warms up.
-  if (e.trial_timed[variant]++ == 0) return;
-  e.us[variant] = e.us[variant] < 0 ? us : std::min(e.us[variant], us);
+  if (us == kUntimedRun) return;              // ran at the call: issued again later
+  if (us >= kFailedRun) {
+    // The kernel threw (its error is the launch's): never chosen, done.
+    e.us[variant] = std::numeric_limits<double>::infinity();
+    e.trial_timed[variant] = kTrialRuns + 1;
+  } else if (e.trial_timed[variant]++ == 0) {
+    return;  // each variant's first timed run warms up
+  } else {
+    e.us[variant] = e.us[variant] < 0 ? us : std::min(e.us[variant], us);
+  }
+  // Done when every variant the modes allow (now) has its timed runs.
   uint8_t issued = 0;
   for (int v = 0; v < kVariants; ++v) {
     if (e.trial_issued[v] > 0) issued |= 1 << v;
-    if (e.trial_issued[v] > 0 && e.trial_timed[v] <= kTrialRuns) return;
+    if ((allowed & (1 << v)) && e.trial_timed[v] <= kTrialRuns) return;
   }
   e.source = Source::kMeasured;
   const uint8_t available = teamAvailable() ? 0xf : 0b0101;
@@ -827,27 +882,32 @@ void ThreadEntry::record(int threads, double us) {
   const int side = threads == 1 ? 0 : 1;
   std::lock_guard<std::mutex> g(table_mutex);
   if (source != Source::kPending) return;  // decided meanwhile, or forgotten
-  // Each side's first timed run warms up (cold caches, a team not yet woken).
-  if (timed[side]++ == 0) return;
-  best[side] = best[side] < 0 ? us : std::min(best[side], us);
-  if (timed[0] <= kTrialRuns || timed[1] <= kTrialRuns) return;
-  this->threads = handicapped(1, best[1]) < best[0] ? 0 : 1;
+  if (us == kUntimedRun) {
+    // Ran at the call (a new signature, or one whose kernel warns and so
+    // always runs there): a kernel that never runs on the worker stays there.
+    if (++untimed < 4 * (kTrialRuns + 1) || timed[0] + timed[1] > 0) return;
+  } else if (timed[side]++ == 0) {
+    return;  // each side's first timed run warms up (cold caches, a sleeping team)
+  } else {
+    best[side] = best[side] < 0 ? us : std::min(best[side], us);  // a failed run: 1e300
+    if (timed[0] <= kTrialRuns || timed[1] <= kTrialRuns) return;
+  }
+  this->threads = best[0] >= 0 && best[1] >= 0 && handicapped(1, best[1]) < best[0] ? 0 : 1;
   source = Source::kMeasured;
   dirty = true;
   bump();
 }
 
-int threadsFor(const char* name, int64_t elements, int64_t largest, Work& work) {
-  // ATen's loops do not split fewer elements than their grain (the largest
-  // tensor holds at least the elements a kernel iterates over).
-  if (largest < at::internal::GRAIN_SIZE) return 1;
+int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work) {
   switch (threadsMode()) {
     case ThreadsMode::kWorker: return 1;
     case ThreadsMode::kTeam: return 0;
     case ThreadsMode::kAuto: break;
   }
-  if (!teamAvailable()) return 1;
-  const uint8_t cls = bucket(elements);
+  // ATen's loops do not split fewer elements than their grain (the largest
+  // tensor holds at least the elements a kernel iterates over).
+  if (largest < at::internal::GRAIN_SIZE || !teamAvailable()) return 1;
+  const uint8_t cls = bucket(bytes);
   const uint64_t gen = generation.load(std::memory_order_acquire);
   CachedThreads& slot =
       threads_cache[((reinterpret_cast<uintptr_t>(name) >> 3) * 31 + cls) % kCacheSlots];
@@ -974,6 +1034,7 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
       t->best[0] = t->best[1] = -1;
       t->timed[0] = t->timed[1] = 0;
       t->issued[0] = t->issued[1] = 0;
+      t->untimed = 0;
       t->runs[0] = 0;
       t->runs[1] = 0;
     }
@@ -985,6 +1046,18 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
   // Writes the tables' new entries to the file now (else: at most once a
   // second while entries come in, and at exit).
   m.def("_kernel_select_save() -> ()", [] { save(); });
+  // The OpenMP team size a kernel launched on `threads` (1, or 0: the team)
+  // on device's current stream sees (tests: the worker's count is never
+  // stale).
+  m.def("_worker_omp_threads(int device, int threads) -> int", [](int64_t device,
+                                                                  int64_t threads) {
+    auto seen = std::make_shared<std::atomic<int>>(-1);
+    const auto d = static_cast<c10::DeviceIndex>(device);
+    launch(d, "axon::_worker_omp_threads", [seen] { seen->store(omp_get_max_threads()); },
+           static_cast<int>(threads));
+    syncCurrentStream(d);
+    return static_cast<int64_t>(seen->load());
+  });
   // The table's file ("" when AXON_KERNEL_SELECT_CACHE=0 or no home) and the machine.
   m.def("_kernel_select_path() -> str", [] { return cachePath(); });
   m.def("_kernel_select_machine() -> str", [] { return machine(); });

@@ -22,7 +22,8 @@
 //   _set_kernel_threads(mode) override them in-process ("" goes back to the
 //   environment).
 // - When a mode leaves one variant, it runs.  Otherwise the first launch of a
-//   key measures the variants the modes allow that the table does not hold:
+//   key the table has not measured in every variant the modes allow
+//   measures those variants:
 //   on the stream worker it runs them on the launch's own arguments, ours
 //   then ATen's, each round-robin over its thread variants: once untimed,
 //   then up to kMaxReps times or until half of kBudgetUs has passed (at
@@ -33,17 +34,17 @@
 //   its thread spins there after the kernel).  The winner runs last, so the
 //   launch's result is the winner's.  All variants write the same outputs and
 //   read inputs the op does not write (callers only select for out-of-place
-//   kernels).  Launches of a key whose measurement is still queued run our
-//   kernel on the worker.
+//   kernels).  Launches of a key whose measurement is still queued run the
+//   first variant the modes allow (ours on the worker, unless forced).
 //
-// Thread policy (2): such kernels may write their inputs (in-place ops), so
-// they cannot be run twice; instead launches of a key alternate between the
-// worker and the team, timed on the worker, until each side has kTrialRuns
-// timed runs after one that warms up; then the faster side by the same
-// handicap wins.  Kernels whose largest tensor holds fewer elements than
-// ATen's parallel grain (at::internal::GRAIN_SIZE) run on the worker without
-// a trial: ATen's loops would not split them.
-// AXON_KERNEL_THREADS forces a side here too.
+// Thread policy (2), per (kernel, class of bytes its tensors hold): such
+// kernels may write their inputs (in-place ops), so they cannot be run twice;
+// instead launches of a key alternate between the worker and the team,
+// timed on the worker, until each side has kTrialRuns timed runs after one
+// that warms up; then the faster side by the same handicap wins.  Kernels
+// whose largest tensor holds fewer elements than ATen's parallel grain
+// (at::internal::GRAIN_SIZE) run on the worker without a trial: ATen's loops
+// would not split them.  AXON_KERNEL_THREADS forces a side here too.
 //
 // - Persisted per machine: ${AXON_CACHE_DIR:-~/.cache/torch_axon}/
 //   kernel_select-<hash of CPU model, ISA flags, core count, torch version>.json,
@@ -204,17 +205,18 @@ void launchSelectedInPlace(c10::DeviceIndex device, const char* name, const Key&
 }
 
 // The thread policy of a kernel without a selection (CpuKernel.h): the
-// threads of this launch of `name` (an interned or literal name) touching
-// `elements` elements over its tensors, the largest of them `largest`; sets
+// threads of this launch of `name` (an interned or literal name) whose
+// tensors hold `bytes`, the largest of them `largest` elements; sets
 // work.timed when the launch is a trial.
-int threadsFor(const char* name, int64_t elements, int64_t largest, Work& work);
+int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work);
 
 // Launches fn (a callable without arguments) on the threads threadsFor()
-// picks for `elements` elements.
+// picks (sizes as there).
 template <typename Fn>
-void launchWithThreadPolicy(c10::DeviceIndex device, const char* name, int64_t elements, Fn&& fn) {
+void launchWithThreadPolicy(c10::DeviceIndex device, const char* name, int64_t bytes,
+                            int64_t largest, Fn&& fn) {
   std::unique_ptr<Work> work = functionWork(std::function<void()>(std::forward<Fn>(fn)));
-  const int threads = threadsFor(name, elements, elements, *work);
+  const int threads = threadsFor(name, bytes, largest, *work);
   launch(device, name, std::move(work), threads);
 }
 
@@ -228,7 +230,7 @@ struct Row {
 std::vector<Row> table();
 
 struct ThreadRow {
-  std::string kernel, elements, choice, source;
+  std::string kernel, bytes, choice, source;
   double worker_us, team_us;
   int64_t worker_runs, team_runs;
 };

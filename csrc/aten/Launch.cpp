@@ -83,7 +83,14 @@ void launchChecked(c10::DeviceIndex device, const char* name, uint64_t signature
   CollectWarnings collect;
   {
     c10::WarningUtils::WarningHandlerGuard guard(&collect);
-    work->run();
+    try {
+      work->run();
+    } catch (...) {
+      if (work->timed != nullptr) work->timed->record(threads, kFailedRun);
+      throw;
+    }
+    // Ran here, on the host's threads: not a timing of the device's.
+    if (work->timed != nullptr) work->timed->record(threads, kUntimedRun);
   }
   work.reset();
   bool warned = false;

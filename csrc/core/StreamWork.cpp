@@ -74,18 +74,17 @@ class FunctionWork final : public Work {
 }  // namespace
 
 // The OpenMP team size of the calling thread for its next kernel: `threads`,
-// or (0) the thread's default.  Set only when it changes.
+// or (0) the thread's default.
 namespace {
-thread_local int team_size = 0;     // the thread's default, read once
-thread_local int current_team = 0;  // what omp_set_num_threads last set
+thread_local int team_size = 0;  // the thread's default, read once
 }  // namespace
 
 int kernelTeamSize() {
   if (team_size == 0) {
-    // ATen sets a thread's team size at its first parallel loop: first, so
-    // that it does not undo ours later.
-    at::internal::lazy_init_num_threads();
-    team_size = current_team = omp_get_max_threads();
+    // ATen sets a thread's team size at its first parallel loop (libtorch's
+    // lazy_init_num_threads, whose per-thread flag is libtorch's own):
+    // at::get_num_threads() runs that first, so it cannot undo ours later.
+    team_size = std::max(1, at::get_num_threads());
   }
   return team_size;
 }
@@ -93,10 +92,9 @@ int kernelTeamSize() {
 void setKernelThreads(int threads) {
   const int all = kernelTeamSize();
   const int want = threads > 0 ? std::min(threads, all) : all;
-  if (want != current_team) {
-    omp_set_num_threads(want);
-    current_team = want;
-  }
+  // The live value (a thread-local read), not a cached one: anything the
+  // kernels call may have set it.
+  if (omp_get_max_threads() != want) omp_set_num_threads(want);
 }
 
 std::unique_ptr<Work> functionWork(std::function<void()> fn) {
@@ -131,9 +129,13 @@ void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> wor
           w->run();
         }
       } catch (const c10::Error& e) {
+        if (w->timed != nullptr) w->timed->record(threads, kFailedRun);
         // The runtime keeps the message for a later synchronising call; the
         // C++ backtrace of a worker thread would only bury it.
         throw std::runtime_error(e.what_without_backtrace());
+      } catch (...) {
+        if (w->timed != nullptr) w->timed->record(threads, kFailedRun);
+        throw;
       }
       if (w->timed != nullptr) {
         w->timed->record(threads, std::chrono::duration<double, std::micro>(

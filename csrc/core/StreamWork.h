@@ -19,7 +19,11 @@ namespace at::axon {
 
 // The thread policy's timing hook (aten/KernelSelect.h): a launch that is a
 // trial carries one; the stream worker times the kernel's run and reports
-// it with the threads it ran on (1, or 0: the team).
+// it with the threads it ran on (1, or 0: the team); a run that threw
+// reports infinity, one that ran at the call (Launch.cpp: a new signature)
+// reports -1 (not timed).
+constexpr double kFailedRun = 1e300;  // "infinity" (-ffast-math safe)
+constexpr double kUntimedRun = -1.0;
 class TimedRun {
  public:
   virtual void record(int threads, double us) = 0;
@@ -42,7 +46,8 @@ class Work {
   // Warnings the kernel raises on the worker are dropped (the host raised
   // them at the call already; see launchChecked).
   bool quiet = false;
-  // Set by the thread policy for a timed trial (it outlives the process).
+  // Set by the kernel selection for a timed trial (the thread policy's
+  // entry, which is never freed, or the work itself).
   TimedRun* timed = nullptr;
 
  private:

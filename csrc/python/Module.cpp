@@ -119,12 +119,12 @@ PYBIND11_MODULE(_C, m) {
     }
     return rows;
   });
-  // The thread policy: (kernel, elements class, threads, source, worker us, team us,
+  // The thread policy: (kernel, bytes class, threads, source, worker us, team us,
   // worker runs, team runs) per key.
   m.def("_thread_policy_table", [] {
     py::list rows;
     for (const kselect::ThreadRow& r : kselect::threadTable()) {
-      rows.append(py::make_tuple(r.kernel, r.elements, r.choice, r.source, r.worker_us,
+      rows.append(py::make_tuple(r.kernel, r.bytes, r.choice, r.source, r.worker_us,
                                  r.team_us, r.worker_runs, r.team_runs));
     }
     return rows;

@@ -51,8 +51,8 @@ def test_trials_decide_and_results_match(isolated):
     for _ in range(launches):
         assert_same(xa * ya, x * y)
     [row] = rows("aten::mul.Tensor")
-    # x, y and the result: 3 * 2^17 elements, class <= 2^19
-    assert row[1] == "<=2^19" and row[3] == "measured" and row[2] in ("worker", "team")
+    # x, y and the result: 3 * 2^17 float32 elements, 1.5 MiB: class <= 2^21 bytes
+    assert row[1] == "<=2^21" and row[3] == "measured" and row[2] in ("worker", "team")
     assert row[4] > 0 and row[5] > 0
     # the team's handicap: a third of its time, and at least 100 us
     assert (row[2] == "team") == (row[5] + max(row[5] / 3, 100.0) < row[4])
@@ -107,7 +107,7 @@ def test_table_file_decides_and_persists(monkeypatch, isolated):
         assert entries == []
         return
     [entry] = entries
-    assert entry["elements"] == "<=2^18" and entry["elements_class"] == 18
+    assert entry["bytes"] == "<=2^20" and entry["bytes_class"] == 20  # 2 x 2^17 floats
     # a file that says otherwise decides, with no trials
     for threads in ("team", "worker"):
         entry["threads"] = threads
@@ -132,7 +132,8 @@ def test_env_forces_a_side_and_bad_value_warns():
             f"x = torch.randn({N}, device='axon')\n"
             "for _ in range(10): x.exp()\n"
             "torch.axon.synchronize()\n"
-            "print([r[2:4] + r[6:] for r in torch_axon._C._thread_policy_table()])\n")
+            "print([r[2:4] + r[6:] for r in torch_axon._C._thread_policy_table()\n"
+            "       if r[0] == 'aten::exp'])\n")
     r = _python(code, AXON_KERNEL_THREADS="worker")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"  # forced: no trial, no entry
@@ -143,3 +144,22 @@ def test_env_forces_a_side_and_bad_value_warns():
     if TEAM:
         [(threads, source, worker, team)] = eval(r.stdout.strip())
         assert source == "measured" and worker + team == 10
+
+
+def test_worker_team_size_is_what_the_launch_asked():
+    """ATen's first parallel loop on a thread resets its OpenMP team size (libtorch's own
+    lazy init): a later launch on the worker alone must still run on one thread."""
+    code = ("import torch, torch_axon\n"
+            "probe = torch.ops.axon._worker_omp_threads\n"
+            "print(probe(0, 1))\n"  # the worker's first kernel: on one thread
+            "x = torch.randn(1 << 20, device='axon')\n"
+            "torch.ops.axon._set_kernel_threads('team')\n"
+            "(x * 2).sum().item()\n"  # ATen's parallel loops on the worker
+            "torch.ops.axon._set_kernel_threads('worker')\n"
+            "(x + 1).sum().item()\n"
+            "print(probe(0, 1), probe(0, 0), probe(0, 1))\n")
+    r = _python(code)
+    assert r.returncode == 0, r.stderr
+    first, rest = r.stdout.split("\n")[0], r.stdout.split("\n")[1]
+    team = torch.get_num_threads()
+    assert first == "1" and rest.split() == ["1", str(team), "1"]

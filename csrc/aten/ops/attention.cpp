@@ -213,8 +213,9 @@ SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
       };
     };
     if (!flash_selectable(q, k, v, mask, dropout_p)) {
-      kselect::launchWithThreadPolicy(device, name,
-                                      q.numel() + k.numel() + v.numel() + out.numel(), own());
+      kselect::launchWithThreadPolicy(
+          device, name, (q.numel() + k.numel() + v.numel() + out.numel()) * q.itemsize(),
+          std::max({q.numel(), k.numel(), v.numel(), out.numel()}), own());
     } else {
       // ATen's results (out in its [B, L, H, D] order, logsumexp a transposed
       // view) are copied into ours.
@@ -277,7 +278,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
     };
     if (!flash_selectable(q, k, v, mask, dropout_p) || lse.scalar_type() != at::kFloat) {
       kselect::launchWithThreadPolicy(
-          device, name, 2 * (q.numel() + k.numel() + v.numel()) + out.numel(), own());
+          device, name, (2 * (q.numel() + k.numel() + v.numel()) + out.numel()) * q.itemsize(),
+          std::max({q.numel(), k.numel(), v.numel(), out.numel()}), own());
     } else {
       // ATen's gradients (fresh tensors in its [B, L, H, D] order) are copied
       // into ours.

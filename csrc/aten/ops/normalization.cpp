@@ -190,7 +190,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
     };
   };
   if (rows * cols == 0) {  // nothing to select: zero dweight / dbias at most
-    kselect::launchWithThreadPolicy(device, "aten::native_layer_norm_backward", 0, own());
+    kselect::launchWithThreadPolicy(device, "aten::native_layer_norm_backward", 0, 0, own());
   } else {
     // Selected against ATen's CPU kernel.  It reads the statistics in the
     // parameters' dtype: float32 parameters (its mixed-type path for 16-bit
@@ -361,7 +361,8 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
   at::Tensor dw32 = mask[1] && weight.defined() ? param_grad_buffer(weight, device) : at::Tensor();
   auto ptr = [](const at::Tensor& t) -> void* { return t.defined() ? t.data_ptr() : nullptr; };
   if (rows * cols > 0) {
-    kselect::launchWithThreadPolicy(device, "aten::_fused_rms_norm_backward", 3 * rows * cols,
+    kselect::launchWithThreadPolicy(device, "aten::_fused_rms_norm_backward",
+                                    3 * rows * cols * input.itemsize(), rows * cols,
            [=, dt = *dt, wdt = *wdt, dyp = dy.const_data_ptr(), xp = x.const_data_ptr(),
             wp = w.defined() ? w.const_data_ptr() : nullptr, rp = rstd.const_data_ptr<float>(),
             dxp = ptr(dx), dwp = static_cast<float*>(ptr(dw32))] {

@@ -3,6 +3,8 @@
 //   fused kernel (kernels/optimizer.h): _fused_adam_, _fused_adamw_, selected
 //     against ATen's CPU fused kernels by trials (KernelSelect.h);
 //   generic stream kernel: the _amp_* ops.
+#include <algorithm>
+
 #include <ATen/Tensor.h>
 #include <ATen/ops/_fused_adam_cpu_dispatch.h>
 #include <ATen/ops/_fused_adamw_cpu_dispatch.h>
@@ -76,7 +78,7 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
     const float* step;
   };
   std::vector<Item> items;
-  int64_t elements = 0;
+  int64_t elements = 0, largest = 0;
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor* group[] = {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]};
     for (const at::Tensor* t : group) {
@@ -101,6 +103,7 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
       vmax = max_exp_avg_sqs[i].data_ptr();
     }
     elements += params[i].numel();
+    largest = std::max(largest, params[i].numel());
     items.push_back({*dt, params[i].numel(), params[i].data_ptr(), grads[i].const_data_ptr(),
                      exp_avgs[i].data_ptr(), exp_avg_sqs[i].data_ptr(), vmax,
                      steps[i].const_data_ptr<float>()});
@@ -138,7 +141,8 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
   // inputs) when the learning rate is a number and there is no gradient
   // scaling; otherwise ours on the threads the thread policy picks.
   if (lr_tensor.defined() || scale != nullptr || inf != nullptr) {
-    return kselect::launchWithThreadPolicy(device, name, 4 * elements, own());
+    return kselect::launchWithThreadPolicy(device, name, 4 * elements * params[0].itemsize(),
+                                           largest, own());
   }
   const kselect::Key key = kselect::makeKey(kselect::Op::kAdam, params[0].scalar_type(),
                                             {elements, static_cast<int64_t>(n)},
