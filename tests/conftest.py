@@ -195,6 +195,22 @@ def no_fallback():
 
 
 @pytest.fixture
+def kernel_select_isolated(monkeypatch, tmp_path):
+    """Kernel selection (csrc/aten/KernelSelect.h) with empty in-memory tables and a
+    private, unused table file (AXON_KERNEL_SELECT_CACHE=0; a test may turn it on); the
+    kernel and thread modes back to the environment's after."""
+    monkeypatch.setenv("AXON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("AXON_KERNEL_SELECT_CACHE", "0")
+    torch.axon.synchronize()
+    torch.ops.axon._kernel_select_reset()
+    yield tmp_path
+    torch.axon.synchronize()
+    torch.ops.axon._set_kernel_select("")
+    torch.ops.axon._set_kernel_threads("")
+    torch.ops.axon._kernel_select_reset()
+
+
+@pytest.fixture
 def fresh_memory():
     """Collects garbage so allocator statistics only count the test's tensors."""
     gc.collect()

@@ -658,41 +658,69 @@ ThreadsMode threadsMode() {
   return env;
 }
 
-Decision choose(const Key& key) {
+namespace {
+
+// What a launch of `key` runs when that is decided: the calling thread's
+// cached choice, the one variant the modes leave, or the table's (counted,
+// and cached).  Otherwise the key's entry, with table_mutex held, for the
+// caller to measure.
+struct Lookup {
+  std::optional<Choice> choice;
+  Entry* entry = nullptr;
+  uint8_t allowed = 0;
+  std::unique_lock<std::mutex> lock;
+};
+Lookup lookup(const Key& key) {
   const uint64_t packed = key.packed();
   const uint64_t gen = generation.load(std::memory_order_acquire);
   CachedChoice& slot = choice_cache[(packed * 0x9e3779b97f4a7c15ULL) >> 58];
   if (slot.packed == packed && slot.generation == gen) {
     count(*slot.entry, slot.choice.impl);
-    return Decision{slot.choice, 0};
+    Lookup hit;
+    hit.choice = slot.choice;
+    return hit;
   }
   maybeSave();
-  const uint8_t allowed = allowedVariants();
-  std::lock_guard<std::mutex> g(table_mutex);
+  Lookup l;
+  l.allowed = allowedVariants();
+  l.lock = std::unique_lock<std::mutex>(table_mutex);
   loadLocked();
   auto& ptr = entries[packed];
   if (!ptr) ptr = std::make_unique<Entry>();
   Entry& e = *ptr;
   e.key = key;
-  std::optional<Choice> c;
-  if (__builtin_popcount(allowed) == 1) {
-    c = variantChoice(__builtin_ctz(allowed));
-  } else if (known(e.source) && (allowed & ~measuredMask(e)) == 0 && best(e.us, allowed) >= 0) {
+  l.entry = &e;
+  if (__builtin_popcount(l.allowed) == 1) {
+    l.choice = variantChoice(__builtin_ctz(l.allowed));
+  } else if (known(e.source) && (l.allowed & ~measuredMask(e)) == 0 &&
+             best(e.us, l.allowed) >= 0) {
     // The table's choice (as measured, or as someone edited the file) when
     // the modes leave every variant open.
-    c = variantChoice(allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant
-                                                            : best(e.us, allowed));
-  } else if (e.source == Source::kPending) {
-    // Its measurement is queued: ours on the worker if the modes allow it.
-    count(e, (allowed & 0b0011) ? Impl::kOwn : Impl::kLibrary);
-    return Decision{variantChoice(__builtin_ctz(allowed)), 0};
-  } else {
-    e.source = Source::kPending;
-    return Decision{std::nullopt, allowed};  // counted by measure()
+    l.choice = variantChoice(l.allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant
+                                                                      : best(e.us, l.allowed));
   }
-  count(e, c->impl);
-  slot = CachedChoice{packed, gen, &e, *c};
-  return Decision{c, 0};
+  if (l.choice) {
+    count(e, l.choice->impl);
+    slot = CachedChoice{packed, gen, &e, *l.choice};
+  }
+  return l;
+}
+
+}  // namespace
+
+Decision choose(const Key& key) {
+  Lookup l = lookup(key);
+  if (l.choice) return Decision{l.choice, 0};
+  Entry& e = *l.entry;
+  if (e.source == Source::kPending) {
+    // Its measurement is queued: the first variant the modes allow (ours on
+    // the worker unless forced).
+    const Choice c = variantChoice(__builtin_ctz(l.allowed));
+    count(e, c.impl);
+    return Decision{c, 0};
+  }
+  e.source = Source::kPending;
+  return Decision{std::nullopt, l.allowed};  // counted by measure()
 }
 
 void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& own,
@@ -802,33 +830,10 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
 // ------------------------------------------------------------ trials
 
 TrialDecision chooseTrial(const Key& key) {
-  const uint64_t packed = key.packed();
-  const uint64_t gen = generation.load(std::memory_order_acquire);
-  CachedChoice& slot = choice_cache[(packed * 0x9e3779b97f4a7c15ULL) >> 58];
-  if (slot.packed == packed && slot.generation == gen) {
-    count(*slot.entry, slot.choice.impl);
-    return TrialDecision{slot.choice};
-  }
-  maybeSave();
-  const uint8_t allowed = allowedVariants();
-  std::lock_guard<std::mutex> g(table_mutex);
-  loadLocked();
-  auto& ptr = entries[packed];
-  if (!ptr) ptr = std::make_unique<Entry>();
-  Entry& e = *ptr;
-  e.key = key;
-  std::optional<Choice> c;
-  if (__builtin_popcount(allowed) == 1) {
-    c = variantChoice(__builtin_ctz(allowed));
-  } else if (known(e.source) && (allowed & ~measuredMask(e)) == 0 && best(e.us, allowed) >= 0) {
-    c = variantChoice(allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant
-                                                            : best(e.us, allowed));
-  }
-  if (c) {
-    count(e, c->impl);
-    slot = CachedChoice{packed, gen, &e, *c};
-    return TrialDecision{*c};
-  }
+  Lookup l = lookup(key);
+  if (l.choice) return TrialDecision{*l.choice};
+  Entry& e = *l.entry;
+  const uint8_t allowed = l.allowed;
   // A trial: the allowed variant issued least so far.
   if (e.source != Source::kPending) {
     e.source = Source::kPending;

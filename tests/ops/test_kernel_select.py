@@ -28,16 +28,8 @@ from torch_axon import _C
 
 
 @pytest.fixture
-def isolated(monkeypatch, tmp_path):
-    """An empty in-memory table and a private table file; mode back to the environment after."""
-    monkeypatch.setenv("AXON_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("AXON_KERNEL_SELECT_CACHE", "0")
-    torch.axon.synchronize()
-    torch.ops.axon._kernel_select_reset()
-    yield tmp_path
-    torch.axon.synchronize()
-    torch.ops.axon._set_kernel_select("")
-    torch.ops.axon._kernel_select_reset()
+def isolated(kernel_select_isolated):
+    return kernel_select_isolated
 
 
 def runs(op: str) -> tuple[int, int]:

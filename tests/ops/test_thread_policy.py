@@ -25,16 +25,8 @@ N = 1 << 17  # elements per tensor: above ATen's parallel grain (32768)
 
 
 @pytest.fixture
-def isolated(monkeypatch, tmp_path):
-    """Empty in-memory tables and a private table file; modes back to the environment after."""
-    monkeypatch.setenv("AXON_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("AXON_KERNEL_SELECT_CACHE", "0")
-    torch.axon.synchronize()
-    torch.ops.axon._kernel_select_reset()
-    yield tmp_path
-    torch.axon.synchronize()
-    torch.ops.axon._set_kernel_threads("")
-    torch.ops.axon._kernel_select_reset()
+def isolated(kernel_select_isolated):
+    return kernel_select_isolated
 
 
 def rows(kernel: str) -> list[tuple]:
