@@ -304,3 +304,25 @@ def on_device(x, device):
 
 def tensors(x):
     return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
+# ---------------------------------------------------------------- kernel selection
+
+def select_runs(op: str) -> tuple[int, int]:
+    """(own, library) launches of a kernel-selection op (csrc/aten/KernelSelect.h), summed
+    over its keys."""
+    from torch_axon import _C
+    torch.axon.synchronize()
+    rows = [r for r in _C._kernel_select_table() if r[0] == op]
+    return sum(r[11] for r in rows), sum(r[12] for r in rows)
+
+
+def run_python(code: str, timeout: float = 120, **env):
+    """A fresh interpreter running ``code`` with ``env`` added (kernel-selection tables in
+    memory only); the CompletedProcess."""
+    import os
+    import subprocess
+    import sys
+    e = dict(os.environ, AXON_KERNEL_SELECT_CACHE="0", **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
+                          timeout=timeout)

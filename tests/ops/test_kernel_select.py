@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import FLOAT_DTYPES, assert_same, make
-from op_util import compare_fwd_bwd
+from op_util import compare_fwd_bwd, run_python, select_runs
 
 import torch_axon  # noqa: F401
 from torch_axon import _C
@@ -32,11 +32,7 @@ def isolated(kernel_select_isolated):
     return kernel_select_isolated
 
 
-def runs(op: str) -> tuple[int, int]:
-    """(own, library) launches of op, summed over its keys."""
-    torch.axon.synchronize()
-    rows = [r for r in _C._kernel_select_table() if r[0] == op]
-    return sum(r[11] for r in rows), sum(r[12] for r in rows)
+runs = select_runs
 
 
 def check_side(op: str, mode: str, before: tuple[int, int]) -> None:
@@ -303,10 +299,7 @@ def test_set_kernel_select_bad_value():
         torch.ops.axon._set_kernel_select("fastest")
 
 
-def _python(code: str, **env) -> subprocess.CompletedProcess:
-    e = dict(os.environ, AXON_KERNEL_SELECT_CACHE="0", **env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
-                          timeout=120)
+_python = run_python
 
 
 def test_env_modes_and_bad_value_warns():

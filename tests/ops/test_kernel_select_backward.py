@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import FLOAT_DTYPES, assert_same, make
-from op_util import compare_fwd_bwd, leaf
+from op_util import compare_fwd_bwd, leaf, select_runs
 from test_attention import sdpa_inputs
 
 import torch_axon  # noqa: F401
@@ -32,11 +32,7 @@ def isolated(kernel_select_isolated):
     return kernel_select_isolated
 
 
-def runs(op: str) -> tuple[int, int]:
-    """(own, library) launches of op, summed over its keys."""
-    torch.axon.synchronize()
-    rows = [r for r in _C._kernel_select_table() if r[0] == op]
-    return sum(r[OWN_RUNS] for r in rows), sum(r[LIBRARY_RUNS] for r in rows)
+runs = select_runs
 
 
 def check_side(op: str, mode: str, before: tuple[int, int]) -> None:

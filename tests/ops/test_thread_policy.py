@@ -8,13 +8,11 @@ AXON_KERNEL_THREADS forces a side and its bad values warn.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from op_util import run_python
 from conftest import FLOAT_DTYPES, assert_same, make
 
 import torch_axon  # noqa: F401
@@ -113,10 +111,7 @@ def test_table_file_decides_and_persists(monkeypatch, isolated):
         assert (row[6], row[7]) == ((3, 0) if threads == "worker" else (0, 3))
 
 
-def _python(code: str, **env) -> subprocess.CompletedProcess:
-    e = dict(os.environ, AXON_KERNEL_SELECT_CACHE="0", **env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
-                          timeout=120)
+_python = run_python
 
 
 def test_env_forces_a_side_and_bad_value_warns():
