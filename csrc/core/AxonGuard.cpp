@@ -85,8 +85,16 @@ struct AxonGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     rt_call([&] { rt::stream_wait_event(to_rt(stream), as_event(event)); });
   }
 
+  // As CUDA's queries: a complete event (an idle stream) reports the
+  // asynchronous errors of the work it covers that nobody has raised yet, as
+  // synchronize() would; incomplete work reports nothing yet.
   bool queryEvent(void* event) const override {
-    return event == nullptr || rt_call([&] { return rt::event_query(as_event(event)); });
+    if (event == nullptr) return true;
+    return rt_call([&] {
+      if (!rt::event_query(as_event(event))) return false;
+      rt::event_synchronize(as_event(event));  // complete: raises, does not wait
+      return true;
+    });
   }
 
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
@@ -116,7 +124,11 @@ struct AxonGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryStream(const c10::Stream& stream) const override {
-    return rt_call([&] { return rt::stream_query(to_rt(stream)); });
+    return rt_call([&] {
+      if (!rt::stream_query(to_rt(stream))) return false;
+      rt::stream_synchronize(to_rt(stream));  // idle: raises, does not wait
+      return true;
+    });
   }
 
   void synchronizeStream(const c10::Stream& stream) const override {

@@ -31,11 +31,20 @@ WorkAxon::WorkAxon(int rank, c10d::OpType type, const char* profiling_title,
       future_(std::move(future)),
       outputs_(std::move(outputs)) {}
 
-bool WorkAxon::isCompleted() { return end_.query(); }
-
-bool WorkAxon::isSuccess() const {
-  return const_cast<c10::Event&>(end_).query() && state_->error().empty();
+namespace {
+// Whether the work before `end` has run, reporting no error (c10::Event::query
+// raises the stream's pending asynchronous errors, as CUDA's; a Work's state
+// queries must not consume them).
+bool ended(const c10::Event& end) {
+  void* e = end.eventId();
+  return e == nullptr ||
+         rt_call([&] { return ::axon::rt::event_query(static_cast<::axon::rt::Event*>(e)); });
 }
+}  // namespace
+
+bool WorkAxon::isCompleted() { return ended(end_); }
+
+bool WorkAxon::isSuccess() const { return ended(end_) && state_->error().empty(); }
 
 std::exception_ptr WorkAxon::exception() const {
   std::string e = state_->error();
@@ -51,7 +60,7 @@ bool WorkAxon::wait(std::chrono::milliseconds /*timeout*/) {
   if (!e.empty()) throwDistError(e);
   // Finished already (or before the call returned): nothing to order, and
   // its error, if any, was raised above.
-  if (ran_inline_ || end_.query()) return true;
+  if (ran_inline_ || ended(end_)) return true;
   c10::Stream current = getCurrentAxonStream(device_);
   end_.block(current);
   auto state = state_;

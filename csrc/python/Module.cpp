@@ -160,6 +160,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_test_inject_async_error", &inject_async_error);
   m.def("_test_sleep_on_stream", &sleep_on_stream);
+  // Waits for an event without reporting its work's errors (the allocators'
+  // wait; tests that must order failures without raising them).
+  m.def("_test_event_wait", [](uintptr_t event) {
+    if (event != 0) rt_call([&] { rt::event_wait(reinterpret_cast<rt::Event*>(event)); });
+  }, py::call_guard<py::gil_scoped_release>());
   initInductorBindings(m);
   initDistributedBindings(m);
 }

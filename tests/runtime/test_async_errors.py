@@ -203,8 +203,7 @@ def test_two_failures_on_two_streams_are_both_reported():
     with torch.axon.stream(s):
         inject(0, "failure on s")
         e = s.record_event()
-    while not e.query():  # s's failure happens first (query reports nothing)
-        pass
+    torch.axon._C._test_event_wait(e.event_id)  # s's failure happens first (not reported)
     with torch.axon.stream(t):
         inject(0, "failure on t")
     t.wait_event(e)  # t now has s's failure too: still reported once
@@ -271,3 +270,47 @@ def test_recv_that_times_out_is_reported_after_destroy(blocking):
     assert msg is not None, "the failed recv was swallowed"
     assert "recv" in msg and "axon process group" in msg, msg
     assert results[1]["raised"] is None
+
+
+@pytest.mark.parametrize("query", ["event", "stream"])
+def test_query_of_finished_work_raises_its_error_once(query):
+    """As CUDA's: a query that finds the work done reports its pending asynchronous error
+    (once; later queries and synchronize do not repeat it); unfinished work reports
+    nothing yet."""
+    x = torch.arange(10.0, device="axon")
+    torch.axon.synchronize()
+    s = torch.axon.Stream()
+    with torch.axon.stream(s):
+        failing_index_select(x)
+        ev = s.record_event()
+    q = ev.query if query == "event" else s.query
+    seen = None
+    for _ in range(100000):  # until the work has run
+        try:
+            if q():
+                break
+        except RuntimeError as e:
+            seen = str(e)
+            break
+    assert seen is not None and "index out of range" in seen and "index_select" in seen
+    assert q() is True  # reported: later queries are clean
+    s.synchronize()
+    if query == "stream":
+        torch.axon.synchronize()  # the stream reported it
+    else:
+        # reported through the event: the recording stream does not report it again
+        torch.axon.synchronize()
+
+
+def test_query_while_work_runs_is_false_and_raises_nothing():
+    s = torch.axon.Stream()
+    gate = torch.axon.Event()
+    x = torch.randn(1 << 20, device="axon")
+    with torch.axon.stream(s):
+        for _ in range(20):
+            x = x * 1.0001
+        gate.record()
+    # either still running (False) or done (True): never an error without one
+    assert gate.query() in (True, False) and s.query() in (True, False)
+    s.synchronize()
+    assert gate.query() is True and s.query() is True
