@@ -29,6 +29,8 @@
 #include "KernelSelect.h"
 #include "Launch.h"
 #include "OpDevice.h"
+#include "../core/AxonRuntime.h"
+#include "../core/CachingAllocator.h"
 
 namespace at::axon::cpu_kernel {
 
@@ -319,6 +321,108 @@ class CpuKernelWork final : public Work {
   Captured captured_;
 };
 
+// ---- adaptive eager (Fusion.h): a launch the stream may fuse with its
+// neighbours.  The fusion engine sees the kernel's device tensors and runs it
+// on tiles of them (views it builds) instead of the whole tensors.
+enum class FusionKind : uint8_t {
+  kNone,
+  kPointwise,  // a TensorIterator op: every output element from the inputs' same element
+  kRowSum,     // sum over the last dimension only
+  kRowMean,    // mean over the last dimension only
+};
+
+class Fusible : public ::axon::rt::FusibleTask {
+ public:
+  FusionKind kind = FusionKind::kNone;
+  const char* name = nullptr;
+  Work* work = nullptr;  // the launch's work (this object), retired by the engine
+  // The device tensors among the arguments, in order; the output is the last.
+  c10::SmallVector<const DeviceView*, 6> views;
+  // Every tensor argument in order (device tensors, Python numbers, CPU
+  // tensors), and the Scalar arguments: what the engine's own loops read.
+  c10::SmallVector<const DeviceView*, 6> args;
+  c10::SmallVector<at::Scalar, 2> scalars;
+  // Reductions: the dtype argument.
+  std::optional<c10::ScalarType> reduce_dtype;
+  // Where it was launched, and the device's free-log mark then
+  // (CachingAllocator.h: was its result freed before later work could read it?).
+  c10::DeviceIndex device = 0;
+  int64_t stream = 0;
+  uint64_t free_mark = 0;
+  // Runs the kernel with views[i] replaced by mapped[i] (pointwise ops).
+  virtual void runMapped(c10::ArrayRef<at::Tensor> mapped) = 0;
+
+ protected:
+  ~Fusible() = default;
+};
+
+template <typename T>
+void collect_view(const T&, Fusible&, bool&) {}
+inline void collect_view(const DeviceView& v, Fusible& f, bool&) {
+  if (!v.defined()) return;
+  f.args.push_back(&v);
+  if (v.on_device) f.views.push_back(&v);
+}
+inline void collect_view(const std::optional<DeviceView>& v, Fusible& f, bool& ok) {
+  if (v.has_value()) collect_view(*v, f, ok);
+}
+inline void collect_view(const at::Scalar& v, Fusible& f, bool&) { f.scalars.push_back(v); }
+template <typename V>
+void collect_view(const std::vector<V>& list, Fusible&, bool& ok) {
+  if (!list.empty()) ok = false;  // tensor lists: not fusible
+}
+
+// host() with the device views replaced by the engine's tile views, in order.
+struct MappedViews {
+  c10::ArrayRef<at::Tensor> views;
+  size_t next = 0;
+};
+inline at::Tensor host(const DeviceView& v, MappedViews& m) {
+  return v.on_device ? m.views[m.next++] : v.view();
+}
+inline std::optional<at::Tensor> host(const std::optional<DeviceView>& v, MappedViews& m) {
+  if (!v.has_value()) return std::nullopt;
+  return host(*v, m);
+}
+template <typename T>
+decltype(auto) host(const T& v, MappedViews&) {
+  return host(v);
+}
+
+template <typename Fn, typename... A>
+class FusibleCpuKernelWork final : public Work, public Fusible {
+ public:
+  using Captured = std::tuple<typename Capturing<A>::Type...>;
+  FusibleCpuKernelWork(FusionKind k, const char* op, Fn fn, const A&... a)
+      : fn_(fn), captured_(Capturing<A>{a}...) {
+    bool ok = true;
+    std::apply([&](const auto&... c) { (collect_view(c, *this, ok), ...); }, captured_);
+    if (ok && !views.empty()) {
+      kind = k;
+      name = op;
+      work = this;
+      fusible = this;
+    }
+  }
+  void run() override {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    call_on_host(fn_, captured_, std::index_sequence_for<A...>{});
+  }
+  void runMapped(c10::ArrayRef<at::Tensor> mapped) override {
+    MappedViews m{mapped};
+    // Braced initialisation: evaluated left to right, so views map in order.
+    std::apply([&](const auto&... c) {
+      std::tuple<decltype(host(c, m))...> args{host(c, m)...};
+      std::apply(fn_, args);
+    }, captured_);
+  }
+  const Captured& captured() const { return captured_; }
+
+ private:
+  Fn fn_;
+  Captured captured_;
+};
+
 }  // namespace at::axon::cpu_kernel
 
 namespace at::axon {
@@ -329,6 +433,29 @@ template <HostChecks checks = HostChecks::kFull, typename Fn, typename... Args>
 void launchCpuKernel(c10::DeviceIndex device, const char* name, Fn fn, const Args&... args) {
   auto work = std::make_unique<cpu_kernel::CpuKernelWork<Fn, Args...>>(fn, args...);
   Signature signature(checks);
+  cpu_kernel::Elements elements;
+  std::apply([&](const auto&... c) {
+    (cpu_kernel::add_signature(signature, c), ...);
+    (cpu_kernel::add_elements(elements, c), ...);
+  }, work->captured());
+  const int threads = kselect::threadsFor(name, elements.bytes, elements.largest, *work);
+  launchChecked(device, name, signature.hash, threads, std::move(work));
+}
+
+// launchCpuKernel for a kernel the stream may fuse with its neighbours
+// (adaptive eager, Fusion.h): `kind` says how its output follows its inputs;
+// the output is its last device tensor.
+template <typename Fn, typename... Args>
+void launchFusibleCpuKernel(c10::DeviceIndex device, const char* name, cpu_kernel::FusionKind kind,
+                            std::optional<c10::ScalarType> reduce_dtype, Fn fn,
+                            const Args&... args) {
+  auto work =
+      std::make_unique<cpu_kernel::FusibleCpuKernelWork<Fn, Args...>>(kind, name, fn, args...);
+  work->reduce_dtype = reduce_dtype;
+  work->device = device;
+  work->stream = current_rt_stream(device).id;
+  work->free_mark = freeLogMark(device);
+  Signature signature(HostChecks::kMeta);
   cpu_kernel::Elements elements;
   std::apply([&](const auto&... c) {
     (cpu_kernel::add_signature(signature, c), ...);

@@ -21,6 +21,9 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/TensorMeta.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/mean_meta.h>
+#include <ATen/ops/sum_meta.h>
+#include <c10/core/WrapDimMinimal.h>
 #include <torch/library.h>
 
 #include "CpuKernel.h"
@@ -120,6 +123,51 @@ void call_meta(M& meta, Tuple& args, std::index_sequence<I...>) {
   meta.meta(meta_arg(std::get<I>(args))...);
 }
 
+// Adaptive eager (Fusion.h): which structured ops may run fused.  Every
+// TensorIterator op is pointwise; sum and mean are, over the last dimension.
+template <typename Meta>
+constexpr cpu_kernel::FusionKind fusionKindOf() {
+  if constexpr (std::is_base_of_v<at::TensorIteratorBase, Meta>) {
+    return cpu_kernel::FusionKind::kPointwise;
+  } else if constexpr (std::is_same_v<Meta, at::meta::structured_sum_dim_IntList>) {
+    return cpu_kernel::FusionKind::kRowSum;
+  } else if constexpr (std::is_same_v<Meta, at::meta::structured_mean_dim>) {
+    return cpu_kernel::FusionKind::kRowMean;
+  } else {
+    return cpu_kernel::FusionKind::kNone;
+  }
+}
+
+// sum/mean(self, dim, keepdim, dtype, out): over the last dimension only?
+inline std::optional<std::optional<c10::ScalarType>> rowReduction(
+    const at::Tensor& self, at::OptionalIntArrayRef dim, bool,
+    std::optional<c10::ScalarType> dtype, const at::Tensor&) {
+  if (self.dim() == 0 || !dim.has_value() || dim->size() != 1) return std::nullopt;
+  if (c10::maybe_wrap_dim((*dim)[0], self.dim()) != self.dim() - 1) return std::nullopt;
+  return dtype;
+}
+template <typename... A>
+std::optional<std::optional<c10::ScalarType>> rowReduction(const A&...) {
+  return std::nullopt;
+}
+
+template <typename Meta, size_t N, typename Fn, typename... A>
+void launchStructured(c10::DeviceIndex device, const char* name, Fn fn, const A&... a) {
+  constexpr cpu_kernel::FusionKind kind =
+      N == 1 ? fusionKindOf<Meta>() : cpu_kernel::FusionKind::kNone;
+  if constexpr (kind == cpu_kernel::FusionKind::kPointwise) {
+    launchFusibleCpuKernel(device, name, kind, std::nullopt, fn, a...);
+  } else if constexpr (kind != cpu_kernel::FusionKind::kNone) {
+    if (auto dtype = rowReduction(a...)) {
+      launchFusibleCpuKernel(device, name, kind, *dtype, fn, a...);
+    } else {
+      launchCpuKernel<HostChecks::kMeta>(device, name, fn, a...);
+    }
+  } else {
+    launchCpuKernel<HostChecks::kMeta>(device, name, fn, a...);
+  }
+}
+
 // The kernel registered for an out= overload: Cpu is its at::cpu:: *_outf
 // function (inputs..., outputs...), Meta the structured meta class, N the
 // number of outputs, Name a holder of the op's name.
@@ -136,7 +184,7 @@ struct Structured<Meta, N, Name, Cpu> {
     HostWarningScope host_warnings;  // the kernel reruns the meta function
     OutMeta<Meta, N> meta(outs);
     call_meta(meta, args, std::make_index_sequence<sizeof...(A) - N>{});
-    launchCpuKernel<HostChecks::kMeta>(device, Name::value(), Cpu, a...);
+    launchStructured<Meta, N>(device, Name::value(), Cpu, a...);
     if constexpr (N == 1) {
       return std::get<sizeof...(A) - 1>(args);
     } else {
@@ -212,7 +260,7 @@ struct Functional<Meta, N, Name, R(A...), Outf> {
                                   std::index_sequence<I...>, A... a) {
     // Empty results too: the CPU kernel checks what it takes (silu of an
     // empty int64 tensor raises on the CPU).
-    launchCpuKernel<HostChecks::kMeta>(device, Name::value(), Outf, a..., outs[I]...);
+    launchStructured<Meta, N>(device, Name::value(), Outf, a..., outs[I]...);
   }
 };
 
@@ -229,7 +277,7 @@ struct Inplace<Meta, Name, at::Tensor&(at::Tensor&, A...), Outf> {
     HostWarningScope host_warnings;
     InplaceMeta<Meta> meta(self);
     meta.meta(self, meta_arg(a)...);
-    launchCpuKernel<HostChecks::kMeta>(device, Name::value(), Outf, self, a..., self);
+    launchStructured<Meta, 1>(device, Name::value(), Outf, self, a..., self);
     return self;
   }
 };

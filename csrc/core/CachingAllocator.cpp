@@ -92,6 +92,61 @@ std::string format_size(uint64_t bytes) {
   return buf;
 }
 
+// The free log (see freedAt in the header): a ring the host writes under
+// the device's mutex and workers read without a lock, each entry guarded by
+// a version (odd while it is written).
+class FreeLog {
+ public:
+  static constexpr uint64_t kEntries = 1024;
+
+  uint64_t mark() const { return head_.load(std::memory_order_acquire); }
+
+  void add(const void* ptr, c10::StreamId stream, uint64_t launched) {
+    const uint64_t i = head_.load(std::memory_order_relaxed);
+    Entry& e = entries_[i % kEntries];
+    const uint64_t v = e.version.load(std::memory_order_relaxed);
+    e.version.store(v + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    e.index.store(i, std::memory_order_relaxed);
+    e.ptr.store(reinterpret_cast<uintptr_t>(ptr), std::memory_order_relaxed);
+    e.stream.store(stream, std::memory_order_relaxed);
+    e.launched.store(launched, std::memory_order_relaxed);
+    e.version.store(v + 2, std::memory_order_release);
+    head_.store(i + 1, std::memory_order_release);
+  }
+
+  std::optional<uint64_t> find(c10::StreamId stream, const void* ptr, uint64_t mark) const {
+    const uint64_t head = head_.load(std::memory_order_acquire);
+    // Entries before mark may be gone, and a slot being rewritten is unknown.
+    if (head > mark + kEntries - 1) return std::nullopt;
+    for (uint64_t i = mark; i < head; ++i) {
+      const Entry& e = entries_[i % kEntries];
+      const uint64_t v1 = e.version.load(std::memory_order_acquire);
+      const uint64_t index = e.index.load(std::memory_order_relaxed);
+      const uintptr_t p = e.ptr.load(std::memory_order_relaxed);
+      const c10::StreamId s = e.stream.load(std::memory_order_relaxed);
+      const uint64_t launched = e.launched.load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if ((v1 & 1) != 0 || e.version.load(std::memory_order_relaxed) != v1 || index != i) {
+        return std::nullopt;
+      }
+      if (p == reinterpret_cast<uintptr_t>(ptr) && s == stream) return launched;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  struct Entry {
+    std::atomic<uint64_t> version{0};
+    std::atomic<uint64_t> index{~uint64_t{0}};
+    std::atomic<uintptr_t> ptr{0};
+    std::atomic<c10::StreamId> stream{0};
+    std::atomic<uint64_t> launched{0};
+  };
+  std::atomic<uint64_t> head_{0};
+  Entry entries_[kEntries];
+};
+
 // All state of one device, under one mutex.
 class DeviceCache {
  public:
@@ -140,8 +195,12 @@ class DeviceCache {
       block->stream_uses.clear();
       return;
     }
+    free_log_.add(block->ptr, block->stream,
+                  rt::stream_launched(rt::Stream{device_, block->stream}));
     release_to_pool(block);
   }
+
+  const FreeLog& free_log() const { return free_log_; }
 
   void record_stream(Block* block, c10::StreamId stream) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -387,6 +446,7 @@ class DeviceCache {
   }
 
   const c10::DeviceIndex device_;
+  FreeLog free_log_;
   std::mutex mutex_;
   BlockPool small_, large_;
   std::deque<std::pair<rt::Event*, Block*>> pending_;
@@ -521,6 +581,15 @@ int64_t numDeviceAllocs(c10::DeviceIndex device) {
   return static_cast<AxonCachingAllocator*>(getCachingAllocator())
       ->cache(device)
       .num_device_alloc();
+}
+
+uint64_t freeLogMark(c10::DeviceIndex device) {
+  return AxonCachingAllocator::instance().cache(device).free_log().mark();
+}
+
+std::optional<uint64_t> freedAt(c10::DeviceIndex device, c10::StreamId stream, const void* ptr,
+                                uint64_t mark) {
+  return AxonCachingAllocator::instance().cache(device).free_log().find(stream, ptr, mark);
 }
 
 }  // namespace at::axon

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <atomic>
 #include <omp.h>
+#include <cstdlib>
+#include <string>
 
 #include <ATen/Parallel.h>
 
@@ -103,6 +105,29 @@ std::unique_ptr<Work> functionWork(std::function<void()> fn) {
 
 void releaseFinishedWork() { finished.release_if_at_least(1); }
 
+void retireWork(Work* work) { finished.push(work); }
+
+namespace {
+int adaptive_eager_from_env() {
+  const char* v = std::getenv("AXON_ADAPTIVE_EAGER");
+  if (v == nullptr || *v == '\0') return 0;
+  const std::string s(v);
+  if (s == "0" || s == "false" || s == "off") return 0;
+  if (s == "1" || s == "true" || s == "on") return 1;
+  TORCH_WARN_ONCE("AXON_ADAPTIVE_EAGER: expected 0 or 1, got '", s, "'; using 0");
+  return 0;
+}
+std::atomic<int> adaptive_eager_override{-1};
+}  // namespace
+
+bool adaptiveEager() {
+  static const int from_env = adaptive_eager_from_env();
+  const int o = adaptive_eager_override.load(std::memory_order_relaxed);
+  return (o >= 0 ? o : from_env) != 0;
+}
+
+void setAdaptiveEager(int mode) { adaptive_eager_override.store(mode < 0 ? -1 : mode != 0); }
+
 void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> work, int threads) {
   finished.release_if_at_least(kReleaseBatch);
   rt::Stream s = current_rt_stream(device);
@@ -111,6 +136,10 @@ void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> wor
   // `finished` once it has run.  (Work a stream drops at process exit, or a
   // launch the runtime refuses, is not freed.)
   Work* w = work.release();
+  rt::FusibleTask* fusible =
+      w->fusible != nullptr && threads == 1 && w->timed == nullptr && adaptiveEager()
+          ? w->fusible
+          : nullptr;
   rt_call([&] {
     rt::launch(s, name, [w, threads] {
       struct Retire {
@@ -141,7 +170,7 @@ void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> wor
         w->timed->record(threads, std::chrono::duration<double, std::micro>(
                                       std::chrono::steady_clock::now() - t0).count());
       }
-    });
+    }, fusible);
   });
 }
 

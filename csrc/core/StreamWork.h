@@ -15,6 +15,10 @@
 
 #include <c10/core/Device.h>
 
+namespace axon::rt {
+class FusibleTask;
+}  // namespace axon::rt
+
 namespace at::axon {
 
 // The thread policy's timing hook (aten/KernelSelect.h): a launch that is a
@@ -49,6 +53,10 @@ class Work {
   // Set by the kernel selection for a timed trial (the thread policy's
   // entry, which is never freed, or the work itself).
   TimedRun* timed = nullptr;
+  // Adaptive eager (aten/Fusion.h): set when the kernel may run fused with
+  // the kernels queued next to it.  Offered to the stream only when it runs
+  // on the worker alone and is not a trial.
+  ::axon::rt::FusibleTask* fusible = nullptr;
 
  private:
   friend struct FinishedList;
@@ -75,5 +83,11 @@ int kernelTeamSize();
 
 // Drops the references held by kernels that have run.
 void releaseFinishedWork();
+// Hands work that ran (fused, without its task) to the host for release.
+void retireWork(Work* work);
+
+// Adaptive eager on or off: AXON_ADAPTIVE_EAGER (default off), or set in-process.
+bool adaptiveEager();
+void setAdaptiveEager(int mode);  // 1 on, 0 off, -1 back to the environment
 
 }  // namespace at::axon

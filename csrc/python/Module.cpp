@@ -11,6 +11,7 @@
 #include "Inductor.h"
 #include "../distributed/Bindings.h"
 #include "../aten/Fallback.h"
+#include "../aten/Fusion.h"
 #include "../aten/KernelSelect.h"
 #include "../aten/Kernels.h"
 #include "../aten/Registry.h"
@@ -80,6 +81,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "Axon device runtime bindings";
   // Before any kernel can run (kernels launch only once Python calls ops).
   installKernelParallelBackend();
+  fusion::install();
   m.def("_device_count", [] { return static_cast<int>(device_count()); });
   m.def("_current_device", [] { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
@@ -98,6 +100,23 @@ PYBIND11_MODULE(_C, m) {
   m.def("_default_generators", &default_generators);
   m.def("_fallback_stats", [] { return fallbackStats(); });
   m.def("_reset_fallback_stats", [] { resetFallbackStats(); });
+  // Adaptive eager (aten/Fusion.h): torch.axon.fusion_stats().
+  m.def("_fusion_stats", [] {
+    const fusion::Stats s = fusion::stats();
+    py::dict d;
+    d["chains_seen"] = s.chains_seen;
+    d["fused_kernels"] = s.fused_kernels;
+    d["ops_fused"] = s.ops_fused;
+    d["tiles"] = s.tiles;
+    d["intermediate_bytes_not_written"] = s.intermediate_bytes_not_written;
+    d["kernels_compiled"] = s.kernels_compiled;
+    return d;
+  });
+  m.def("_reset_fusion_stats", [] { fusion::resetStats(); });
+  m.def("_set_adaptive_eager", [](int mode) { setAdaptiveEager(mode); });
+  m.def("_adaptive_eager", [] { return adaptiveEager(); });
+  m.def("_test_fusion_fail", [](const std::string& op) { fusion::failForTest(op); });
+  m.def("_test_fusion_tile_bytes", [](int64_t bytes) { fusion::setTileBytesForTest(bytes); });
   // The axon kernel registrations (aten/Registry.h): (op, dispatch key, path,
   // family, source file) per registration; torch_axon/ops.py makes the table.
   m.def("_op_table", [] {

@@ -48,6 +48,18 @@ void launch(Stream s, const char* name, std::function<void()> fn) {
   }
 }
 
+void launch(Stream s, const char* name, std::function<void()> fn, FusibleTask* fusible) {
+  StreamState& st = stream_state(s);
+  if (!fn) throw Error("axon: launch of an empty function on axon:" + std::to_string(s.device));
+  // Launch-blocking runs op by op: nothing is ever queued behind a task.
+  const bool blocking = launch_blocking();
+  const uint64_t seq = st.enqueue(name, std::move(fn), blocking ? nullptr : fusible);
+  if (blocking) {
+    st.wait(seq);
+    st.throw_pending_error();
+  }
+}
+
 void stream_synchronize(Stream s) {
   StreamState& st = stream_state(s);
   st.wait_all();
@@ -55,5 +67,7 @@ void stream_synchronize(Stream s) {
 }
 
 bool stream_query(Stream s) { return stream_state(s).idle(); }
+
+uint64_t stream_launched(Stream s) { return stream_state(s).launched(); }
 
 }  // namespace axon::rt

@@ -100,7 +100,8 @@ StreamState::~StreamState() {
   finish_stop(std::chrono::steady_clock::time_point::max());
 }
 
-uint64_t StreamState::enqueue(const char* name, std::function<void()> fn) {
+uint64_t StreamState::enqueue(const char* name, std::function<void()> fn,
+                             FusibleTask* fusible) {
   std::unique_lock lk(mu_, std::defer_lock);
   lock_spinning(lk);
   if (stopping_) {
@@ -122,7 +123,7 @@ uint64_t StreamState::enqueue(const char* name, std::function<void()> fn) {
     }
   }
   const uint64_t seq = ++enqueued_;
-  queue_.push_back(Task{seq, name, std::move(fn)});
+  queue_.push_back(Task{seq, name, std::move(fn), fusible});
   posted_.store(seq, std::memory_order_release);
   const bool wake = sleeping_;
   lk.unlock();
@@ -154,6 +155,10 @@ void StreamState::run() {
     if (stopping_) break;
     Task task = std::move(queue_.front());
     queue_.pop_front();
+    if (task.fusible != nullptr && !queue_.empty() && queue_.front().fusible != nullptr &&
+        run_fused(task, lk)) {
+      continue;
+    }
     lk.unlock();
     std::string error = execute(task.name, task.fn);
     // Captures may own runtime resources (buffers, events); release them
@@ -170,6 +175,52 @@ void StreamState::run() {
   done_cv_.notify_all();
   lk.unlock();
   dropped.clear();
+}
+
+namespace {
+std::atomic<FusionHook> g_fusion_hook{nullptr};
+}  // namespace
+
+void set_fusion_hook(FusionHook hook) { g_fusion_hook.store(hook, std::memory_order_release); }
+
+bool StreamState::run_fused(Task& first, std::unique_lock<std::mutex>& lk) {
+  const FusionHook hook = g_fusion_hook.load(std::memory_order_acquire);
+  if (hook == nullptr) return false;
+  // The run as queued now: work the host enqueues meanwhile waits its turn.
+  std::vector<Task> run;
+  run.reserve(8);
+  run.push_back(std::move(first));
+  while (!queue_.empty() && queue_.front().fusible != nullptr && run.size() < kMaxFusedTasks) {
+    run.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+  }
+  lk.unlock();
+  FusibleTask* tags[kMaxFusedTasks];
+  uint64_t seqs[kMaxFusedTasks];
+  for (size_t i = 0; i < run.size(); ++i) {
+    tags[i] = run[i].fusible;
+    seqs[i] = run[i].seq;
+  }
+  FusionResult result = hook(tags, seqs, run.size());
+  size_t ran = result.ran >= 2 && result.ran <= run.size() ? result.ran : 0;
+  std::string error;
+  size_t failed = 0;
+  if (ran == 0) {
+    // The first alone, as usual; the rest go back to the queue's head.
+    error = execute(run[0].name, run[0].fn);
+    ran = 1;
+  } else if (!result.error.empty()) {
+    failed = std::min(result.failed, ran - 1);
+    error = std::string("axon: asynchronous error in '") +
+            (run[failed].name ? run[failed].name : "?") + "' on axon:" +
+            std::to_string(device_) + " stream " + std::to_string(id_) + ": " + result.error;
+  }
+  for (size_t i = 0; i < ran; ++i) run[i].fn = nullptr;
+  lock_spinning(lk);
+  for (size_t i = run.size(); i-- > ran;) queue_.push_front(std::move(run[i]));
+  if (!error.empty()) finish_locked(run[failed].seq, std::move(error));
+  finish_locked(run[ran - 1].seq, {});
+  return true;
 }
 
 std::string StreamState::execute(const char* name, std::function<void()>& fn) noexcept {

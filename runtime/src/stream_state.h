@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "axon/runtime.h"
+
 namespace axon::rt {
 
 // One failed task: `order` is process-wide (earlier failures have smaller
@@ -64,13 +66,15 @@ class StreamState {
   StreamState& operator=(const StreamState&) = delete;
 
   // Starts the worker on first use.  Returns the task's sequence number.
-  uint64_t enqueue(const char* name, std::function<void()> fn);
+  uint64_t enqueue(const char* name, std::function<void()> fn,
+                   FusibleTask* fusible = nullptr);
 
   // Blocks until task `seq` has run.  Throws Error when called from this
   // stream's own worker, which would otherwise deadlock.
   void wait(uint64_t seq);
   void wait_all();
   uint64_t completed() const;
+  uint64_t launched() const { return posted_.load(std::memory_order_acquire); }
   bool idle() const;
 
   // Throws AsyncError for every failure pending on this stream (its own
@@ -102,9 +106,13 @@ class StreamState {
     uint64_t seq;
     const char* name;
     std::function<void()> fn;
+    FusibleTask* fusible = nullptr;
   };
 
   void run();
+  // With the lock held on entry and exit: runs `first` and the fusible tasks
+  // queued after it through the fusion hook, if it takes them.
+  bool run_fused(Task& first, std::unique_lock<std::mutex>& lk);
   std::string execute(const char* name, std::function<void()>& fn) noexcept;
   void finish_locked(uint64_t seq, std::string error);
 

@@ -286,5 +286,107 @@ TEST(Memcpy, BlockingCopyReportsEarlierAsyncError) {
   EXPECT_NO_THROW(stream_synchronize(s));
 }
 
+// ---- adaptive eager: the fusion hook sees runs of queued fusible tasks
+
+struct TestFusible : FusibleTask {
+  int id = 0;
+};
+std::vector<std::vector<int>> g_fused_runs;  // written by the hook (one worker)
+int g_fuse_fail_at = -1;                     // id whose task "fails" in a fused run
+int* g_fused_counter = nullptr;
+
+std::vector<uint64_t> g_fused_seqs;
+
+FusionResult test_hook(FusibleTask* const* tasks, const uint64_t* seqs, size_t n) noexcept {
+  std::vector<int> ids;
+  g_fused_seqs.assign(seqs, seqs + n);
+  for (size_t i = 0; i < n; ++i) ids.push_back(static_cast<TestFusible*>(tasks[i])->id);
+  g_fused_runs.push_back(ids);
+  FusionResult r;
+  // Takes at most 3 tasks; each adds its id to the counter, as its fn would.
+  r.ran = std::min<size_t>(n, 3);
+  for (size_t i = 0; i < r.ran; ++i) {
+    if (ids[i] == g_fuse_fail_at) {
+      r.failed = i;
+      r.error = "fused boom";
+      break;
+    }
+    *g_fused_counter += ids[i];
+  }
+  return r;
+}
+
+TEST(Fusion, HookRunsQueuedFusibleTasksAndEventsSplitRuns) {
+  const Stream s{4, 0};
+  std::vector<TestFusible> tags(7);
+  for (int i = 0; i < 7; ++i) tags[i].id = i + 1;
+  int counter = 0;
+  g_fused_counter = &counter;
+  g_fused_runs.clear();
+  set_fusion_hook(&test_hook);
+  Gate gate;
+  launch(s, "gate", [&] { gate.wait(); });
+  // Tasks' own fns: run only when the hook does not take them.
+  for (int i = 0; i < 5; ++i) {
+    launch(s, "op", [&counter, i] { counter += 100 * (i + 1); }, &tags[i]);
+  }
+  testing::ScopedEvent ev(4);
+  event_record(ev.e, s);  // a marker: ends the run
+  launch(s, "op", [&counter] { counter += 600; }, &tags[5]);
+  launch(s, "op", [&counter] { counter += 700; }, &tags[6]);
+  gate.open();
+  stream_synchronize(s);
+  set_fusion_hook(nullptr);
+  // [1..5] offered: 1-3 fused, then [4, 5] fused; the marker; [6, 7] fused.
+  ASSERT_EQ(g_fused_runs.size(), 3u);
+  EXPECT_EQ(g_fused_runs[0], (std::vector<int>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(g_fused_runs[1], (std::vector<int>{4, 5}));
+  EXPECT_EQ(g_fused_runs[2], (std::vector<int>{6, 7}));
+  EXPECT_EQ(counter, 1 + 2 + 3 + 4 + 5 + 6 + 7);
+  EXPECT_TRUE(event_query(ev.e));
+  // gate 1, ops 2..6, marker 7, ops 8 and 9.
+  EXPECT_EQ(g_fused_seqs, (std::vector<uint64_t>{8, 9}));
+  EXPECT_EQ(stream_launched(s), 9u);
+}
+
+TEST(Fusion, FailureInAFusedRunNamesItsTask) {
+  const Stream s{4, 1};
+  std::vector<TestFusible> tags(3);
+  for (int i = 0; i < 3; ++i) tags[i].id = i + 1;
+  int counter = 0;
+  g_fused_counter = &counter;
+  g_fuse_fail_at = 2;
+  set_fusion_hook(&test_hook);
+  Gate gate;
+  launch(s, "gate", [&] { gate.wait(); });
+  launch(s, "first_op", [] {}, &tags[0]);
+  launch(s, "second_op", [] {}, &tags[1]);
+  launch(s, "third_op", [] {}, &tags[2]);
+  gate.open();
+  try {
+    stream_synchronize(s);
+    FAIL() << "expected AsyncError";
+  } catch (const AsyncError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "axon: asynchronous error in 'second_op' on axon:4 stream 1: fused boom");
+  }
+  set_fusion_hook(nullptr);
+  g_fuse_fail_at = -1;
+  EXPECT_TRUE(stream_query(s));
+}
+
+TEST(Fusion, WithoutAHookFusibleTasksRunOneByOne) {
+  const Stream s{4, 2};
+  TestFusible a, b;
+  int counter = 0;
+  Gate gate;
+  launch(s, "gate", [&] { gate.wait(); });
+  launch(s, "op", [&] { counter += 1; }, &a);
+  launch(s, "op", [&] { counter += 10; }, &b);
+  gate.open();
+  stream_synchronize(s);
+  EXPECT_EQ(counter, 11);
+}
+
 }  // namespace
 }  // namespace axon::rt

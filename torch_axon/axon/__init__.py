@@ -26,6 +26,20 @@ def reset_fallback_stats() -> None:
     _C._reset_fallback_stats()
 
 
+def fusion_stats() -> dict[str, int]:
+    """Adaptive eager's counts since the last reset: runs of fusible ops the
+    streams offered (``chains_seen``), how many ran fused (``fused_kernels``),
+    the ops in them (``ops_fused``), the tiles they ran in, the bytes of
+    intermediates not written, and kernels compiled (the engine compiles none).
+    ``AXON_ADAPTIVE_EAGER=0`` turns fusion off."""
+    return dict(_C._fusion_stats())
+
+
+def reset_fusion_stats() -> None:
+    """Zero the counts fusion_stats() reports."""
+    _C._reset_fusion_stats()
+
+
 def __getattr__(name: str):
     # Inductor looks up the device's code generation here (see
     # torch_axon.integrations.torch_compile.inductor_scheduling); the lookup

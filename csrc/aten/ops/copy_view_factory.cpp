@@ -250,8 +250,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (src._is_zerotensor()) {
       launchCpuKernel<HostChecks::kMeta>(stream_device, "aten::zero_", &at::cpu::zero_, dst);
     } else {
-      launchCpuKernel<HostChecks::kMeta>(stream_device, "aten::copy_",
-                      [](at::Tensor& d, const at::Tensor& s) { d.copy_(s); }, dst, src);
+      // Fusible (adaptive eager): the destination is the last argument.
+      launchFusibleCpuKernel(stream_device, "aten::copy_", cpu_kernel::FusionKind::kPointwise,
+                             std::nullopt,
+                             [](const at::Tensor& s, at::Tensor& d) { d.copy_(s); }, src, dst);
     }
     return dst;
   }

@@ -238,6 +238,31 @@ void check_stream(Stream s);
 // op in an AsyncError when fn throws.
 void launch(Stream s, const char* name, std::function<void()> fn);
 
+// Adaptive eager (csrc/aten/Fusion.h): a launch may be marked fusible.  When
+// a stream's worker takes a fusible task and the task queued right after it
+// is fusible too, it hands the run of consecutive fusible tasks queued now
+// (at most kMaxFusedTasks) to the fusion hook, which may run a prefix of them
+// together.  The runtime only sees the tags; the layer that launched the
+// tasks knows what they are.  A fused task's fn is destroyed without being
+// called, so the hook owns whatever fn would have released.  Sequence
+// numbers, events and failures behave as if the tasks ran one by one: an
+// event recorded between two fused tasks (a marker task) ends the run.
+class FusibleTask {
+ protected:
+  ~FusibleTask() = default;
+};
+struct FusionResult {
+  size_t ran = 0;       // 0 (none: the worker runs the first alone) or >= 2
+  size_t failed = 0;    // the task that failed (when error is not empty)
+  std::string error;    // its exception's message
+};
+constexpr size_t kMaxFusedTasks = 64;
+// seqs[i]: the sequence number of tasks[i] on its stream (see stream_launched).
+using FusionHook = FusionResult (*)(FusibleTask* const* tasks, const uint64_t* seqs,
+                                    size_t n) noexcept;
+void set_fusion_hook(FusionHook hook);  // nullptr: tasks always run one by one
+void launch(Stream s, const char* name, std::function<void()> fn, FusibleTask* fusible);
+
 // Copies n bytes on the stream, ordered with its other work.  Any mix of host
 // and device pointers.  Returns once the copy is enqueued when both ends are
 // device memory or pinned host memory (and !launch_blocking); otherwise it
@@ -245,6 +270,9 @@ void launch(Stream s, const char* name, std::function<void()> fn);
 void memcpy(void* dst, const void* src, size_t n, Stream s);
 
 void stream_synchronize(Stream s);  // throws the stream's pending AsyncError(s)
+// The sequence number of the last task enqueued on s (tasks are numbered 1,
+// 2, ... in launch order; 0: none yet).  Lock-free.
+uint64_t stream_launched(Stream s);
 bool stream_query(Stream s);        // true when all enqueued work has run
 void device_synchronize(int device);
 // Waits for all work on the device's streams without reporting failures

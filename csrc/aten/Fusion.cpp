@@ -1,0 +1,922 @@
+#include "Fusion.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <numeric>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ops/mean_cpu_dispatch.h>
+#include <ATen/ops/sum_cpu_dispatch.h>
+#include <c10/util/Exception.h>
+
+#include "../core/AxonRuntime.h"
+#include "../core/CachingAllocator.h"
+#include "../core/StreamWork.h"
+#include "CpuKernel.h"
+
+namespace at::axon::fusion {
+namespace {
+
+using cpu_kernel::DeviceView;
+using cpu_kernel::Fusible;
+using cpu_kernel::FusionKind;
+
+std::atomic<int64_t> n_chains{0}, n_fused{0}, n_ops{0}, n_tiles{0}, n_not_written{0};
+
+// Tests: the op (by name) that fails when it runs fused.
+std::mutex fail_mutex;
+std::string fail_op;
+std::atomic<bool> fail_set{false};
+
+bool failsForTest(const char* name) {
+  if (!fail_set.load(std::memory_order_relaxed) || name == nullptr) return false;
+  std::lock_guard<std::mutex> g(fail_mutex);
+  return fail_op == name;
+}
+
+// Vector loops step by at most 2 x 64 elements (int8 on AVX-512); tiles that
+// start at multiples of this meet the same vector/scalar split as the whole.
+constexpr int64_t kAlign = 128;
+// Own ops run over blocks of about this many elements (8 KiB of float32).
+constexpr int64_t kBlockElements = 2048;
+
+int64_t l2Bytes() {
+  static const int64_t bytes = [] {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index2/size");
+    std::string s;
+    int64_t v = 0;
+    if (f >> s && !s.empty()) {
+      try {
+        v = std::stoll(s);
+        if (s.back() == 'K') v <<= 10;
+        else if (s.back() == 'M') v <<= 20;
+      } catch (...) {
+        v = 0;
+      }
+    }
+    return v >= (64 << 10) ? v : int64_t{1} << 20;
+  }();
+  return bytes;
+}
+
+// The bytes of full tensors one tile may hold: L2's size, or
+// AXON_FUSION_TILE_BYTES, or what a test set (setTileBytesForTest).
+std::atomic<int64_t> tile_bytes_override{0};
+
+int64_t tileBudget() {
+  static const int64_t from_env = [] {
+    if (const char* e = std::getenv("AXON_FUSION_TILE_BYTES")) {
+      try {
+        const int64_t v = std::stoll(e);
+        if (v >= 4096) return v;
+      } catch (...) {
+      }
+    }
+    return l2Bytes();
+  }();
+  const int64_t o = tile_bytes_override.load(std::memory_order_relaxed);
+  return o > 0 ? o : from_env;
+}
+
+enum class Cls : uint8_t { kFull, kCol, kRow, kScalar };
+
+// A device tensor of a fused op in the run's frame (rows x C).
+struct Operand {
+  const DeviceView* v = nullptr;
+  Cls cls = Cls::kScalar;
+  const char* base = nullptr;  // element 0
+  int64_t stride = 0;          // elements between rows (full, column)
+  const char* lo = nullptr;    // bytes spanned
+  const char* hi = nullptr;
+  bool written = false;
+};
+
+// Ops the engine runs with its own loops: each element computed in float
+// from the inputs' values and rounded once to the result's dtype, which is
+// what ATen's kernels compute for these ops and dtypes (IEEE operations, no
+// approximations), so results are bitwise ATen's; the differential tests
+// (tests/ops/test_adaptive_eager.py) hold them to it.  Not sqrt: ATen's
+// float32 sqrt goes through MKL's VML, which is not correctly rounded.
+// Others run ATen's kernel on tile views.
+enum class Own : uint8_t { kNone, kAdd, kSub, kMul, kDiv, kNeg, kSquare, kRsqrt, kCopy };
+
+struct OpPlan {
+  Fusible* f = nullptr;
+  c10::SmallVector<Operand, 6> operands;  // as f->views; the output last
+  bool col_space = false;                 // a pointwise op over the columns
+  Own own = Own::kNone;
+  // The own op's inputs: an operand's index, or -1 for a number (value).
+  int8_t in[2] = {-1, -1};
+  float number[2] = {0, 0};
+};
+
+bool floatType(c10::ScalarType t) {
+  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+}
+
+bool nameIs(const char* name, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (std::strcmp(name, n) == 0) return true;
+  return false;
+}
+
+// AXON_FUSION_OWN=0: every fused op runs ATen's kernel (for measuring).
+bool ownLoops() {
+  static const bool on = [] {
+    const char* e = std::getenv("AXON_FUSION_OWN");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+// Which own op runs p (Own::kNone: ATen's kernel), and its inputs.
+void chooseOwn(OpPlan& p) {
+  const Fusible& f = *p.f;
+  if (!ownLoops()) return;
+  if (f.kind != FusionKind::kPointwise || f.name == nullptr) return;
+  Own op = Own::kNone;
+  int arity = 2;
+  const char* n = f.name;
+  if (nameIs(n, {"aten::add.Tensor", "aten::add.out", "aten::add_.Tensor"})) op = Own::kAdd;
+  else if (nameIs(n, {"aten::sub.Tensor", "aten::sub.out", "aten::sub_.Tensor"})) op = Own::kSub;
+  else if (nameIs(n, {"aten::mul.Tensor", "aten::mul.out", "aten::mul_.Tensor"})) op = Own::kMul;
+  else if (nameIs(n, {"aten::div.Tensor", "aten::div.out", "aten::div_.Tensor"})) op = Own::kDiv;
+  else if (nameIs(n, {"aten::neg", "aten::neg.out"})) op = Own::kNeg, arity = 1;
+  else if (nameIs(n, {"aten::rsqrt", "aten::rsqrt.out"})) op = Own::kRsqrt, arity = 1;
+  else if (nameIs(n, {"aten::pow.Tensor_Scalar", "aten::pow.Tensor_Scalar_out"})) op = Own::kSquare, arity = 1;
+  else if (nameIs(n, {"aten::copy_"})) op = Own::kCopy, arity = 1;
+  if (op == Own::kNone || f.args.size() != static_cast<size_t>(arity) + 1) return;
+  // Scalars: add/sub's alpha must be 1, pow's exponent 2.
+  if (op == Own::kAdd || op == Own::kSub) {
+    if (f.scalars.size() != 1 || !f.scalars[0].equal(1)) return;
+  } else if (op == Own::kSquare) {
+    if (f.scalars.size() != 1 || !f.scalars[0].equal(2)) return;
+  } else if (!f.scalars.empty()) {
+    return;
+  }
+  const c10::ScalarType out = f.views.back()->scalar_type();
+  if (!floatType(out)) return;
+  int next = 0;
+  for (int k = 0; k < arity; ++k) {
+    const DeviceView& a = *f.args[k];
+    if (a.on_device) {
+      if (a.scalar_type() != out && op != Own::kCopy) return;
+      if (!floatType(a.scalar_type())) return;
+      p.in[k] = static_cast<int8_t>(next++);
+    } else if (a.number.has_value() && out == at::kFloat && op != Own::kCopy &&
+               a.number->isFloatingPoint()) {
+      // A Python float with float32 tensors: computed as float(number).
+      p.in[k] = -1;
+      p.number[k] = static_cast<float>(a.number->toDouble());
+    } else {
+      return;
+    }
+  }
+  if (op != Own::kCopy && arity == 2 && p.in[0] < 0) return;  // number first: ATen's
+  p.own = op;
+}
+
+int64_t numelOf(const DeviceView& v) {
+  int64_t n = 1;
+  for (int64_t s : v.sizes) n *= s;
+  return n;
+}
+
+// The dims [0, end) of size > 1 as one dimension: its stride (the innermost
+// such dim's), or false if their strides do not nest.
+bool collapse(const DeviceView& v, size_t end, int64_t* stride) {
+  bool any = false;
+  int64_t expected = 0;
+  *stride = 1;
+  for (size_t d = end; d-- > 0;) {
+    if (v.sizes[d] == 1) continue;
+    if (!any) {
+      *stride = v.strides[d];
+      any = true;
+    } else if (v.strides[d] != expected) {
+      return false;
+    }
+    expected = v.strides[d] * v.sizes[d];
+  }
+  return true;
+}
+
+void setSpan(Operand& o) {
+  const int64_t item = static_cast<int64_t>(o.v->dtype.itemsize());
+  int64_t last = 0;
+  for (size_t d = 0; d < o.v->sizes.size(); ++d) {
+    if (o.v->strides[d] < 0) {
+      o.lo = nullptr;  // marks "not fusible"
+      return;
+    }
+    last += (o.v->sizes[d] - 1) * o.v->strides[d];
+  }
+  o.base = static_cast<const char*>(o.v->data) + o.v->offset * item;
+  o.lo = o.base;
+  o.hi = o.base + (last + 1) * item;
+}
+
+// Classifies v as `cls` in the frame (rows, C); false if it is not one.
+bool classify(const DeviceView& v, Cls cls, int64_t rows, int64_t C, Operand* out) {
+  if (v.conj || v.neg) return false;
+  const int64_t n = numelOf(v);
+  const size_t rank = v.sizes.size();
+  Operand o;
+  o.v = &v;
+  o.cls = cls;
+  switch (cls) {
+    case Cls::kFull: {
+      if (rank == 0 || n != rows * C || v.sizes.back() != C || v.strides.back() != 1) return false;
+      if (!collapse(v, rank - 1, &o.stride)) return false;
+      if (rows == 1) o.stride = C;
+      if (o.stride < C) return false;
+      break;
+    }
+    case Cls::kCol: {
+      if (n != rows) return false;
+      if (!collapse(v, rank, &o.stride)) return false;
+      if (rows == 1) o.stride = 1;
+      if (o.stride < 1) return false;
+      break;
+    }
+    case Cls::kRow:
+      if (rank == 0 || n != C || v.sizes.back() != C || v.strides.back() != 1) return false;
+      break;
+    case Cls::kScalar:
+      if (n != 1) return false;
+      break;
+  }
+  setSpan(o);
+  if (o.lo == nullptr) return false;
+  *out = o;
+  return true;
+}
+
+bool overlaps(const Operand& a, const Operand& b) { return a.lo < b.hi && b.lo < a.hi; }
+
+bool sameRegion(const Operand& a, const Operand& b) {
+  return a.cls == b.cls && (a.cls == Cls::kFull || a.cls == Cls::kCol) && a.base == b.base &&
+         a.stride == b.stride && a.v->dtype == b.v->dtype;
+}
+
+// Can a result live in a scratch tile instead (see Dead)?  The free log knows
+// blocks by their start; the tile keeps the result's dense layout.
+bool scratchable(const Operand& o, int64_t C) {
+  if (o.v->offset != 0) return false;
+  if (o.cls == Cls::kFull) return o.stride == C;
+  return o.cls == Cls::kCol && o.stride == 1;
+}
+
+// The run being planned: its frame and the ops taken so far.
+struct Plan {
+  int64_t rows = -1;  // unknown until the first op
+  int64_t C = 0;      // unknown while only column ops were seen
+  bool any_aten_col = false;   // an ATen kernel over the columns
+  bool any_aten_full = false;  // an ATen pointwise kernel over the full frame
+  int64_t row_bytes = 0;  // of the distinct full tensors
+  bool counted_scratch = false;
+  c10::SmallVector<const char*, 16> full_bases;
+  c10::SmallVector<OpPlan, 16> ops;
+
+  int64_t align() const {
+    return any_aten_col    ? kAlign
+           : any_aten_full ? kAlign / std::gcd(kAlign, std::max<int64_t>(C, 1))
+                           : 1;
+  }
+
+  const uint64_t* seqs = nullptr;  // the offered tasks' sequence numbers
+
+  // Results freed before the op at `before` was launched (Dead in runFused):
+  // (the op that wrote it, the launch count at its free).
+  struct Freed {
+    size_t op;
+    uint64_t at;
+  };
+  c10::SmallVector<Freed, 8> freed_results;
+
+  // Does op qi's access e go to a scratch tile, the result's memory being
+  // free by the launch of sequence number `seq`?
+  bool inScratch(size_t qi, const Operand& e, uint64_t seq) const {
+    for (const Freed& d : freed_results) {
+      if (d.at >= seq || seqs[qi] > d.at) continue;
+      if (e.written ? qi < d.op : qi <= d.op) continue;
+      if (sameRegion(ops[d.op].operands.back(), e)) return true;
+    }
+    return false;
+  }
+
+  // Appends f if it fits the frame and its memory does not conflict.
+  bool add(Fusible* f) {
+    if (f->kind == FusionKind::kNone || f->views.empty()) return false;
+    const DeviceView& out = *f->views.back();
+    const int64_t n_out = numelOf(out);
+    if (n_out == 0) return false;
+    OpPlan p;
+    p.f = f;
+    int64_t rows_ = rows, C_ = C;
+    if (f->kind == FusionKind::kRowSum || f->kind == FusionKind::kRowMean) {
+      if (f->views.size() != 2) return false;
+      const DeviceView& in = *f->views[0];
+      if (in.sizes.empty()) return false;
+      const int64_t c = in.sizes.back();
+      if (c < 2) return false;
+      const int64_t r = numelOf(in) / c;
+      if ((rows_ >= 0 && r != rows_) || (C_ > 0 && c != C_)) return false;
+      rows_ = r;
+      C_ = c;
+      Operand a, b;
+      if (!classify(in, Cls::kFull, rows_, C_, &a) || !classify(out, Cls::kCol, rows_, C_, &b))
+        return false;
+      p.operands.push_back(a);
+      p.operands.push_back(b);
+      p.col_space = true;  // mean divides the column; sum writes one
+    } else {
+      // Pointwise: over the full frame or over the columns.
+      bool full_space;
+      if (out.sizes.empty()) return false;
+      const int64_t last = out.sizes.back();
+      if (rows_ < 0) {
+        full_space = last >= 2;
+        if (full_space) {
+          C_ = last;
+          rows_ = n_out / last;
+        } else {
+          rows_ = n_out;
+        }
+      } else if (C_ > 0 && last == C_ && n_out == rows_ * C_) {
+        full_space = true;
+      } else if (C_ == 0 && last >= 2 && n_out == rows_ * last) {
+        full_space = true;
+        C_ = last;
+      } else if (n_out == rows_) {
+        full_space = false;
+      } else {
+        return false;
+      }
+      for (size_t i = 0; i + 1 < f->views.size(); ++i) {
+        const DeviceView& v = *f->views[i];
+        Operand o;
+        const bool ok =
+            full_space ? (classify(v, Cls::kFull, rows_, C_, &o) ||
+                          (!v.sizes.empty() && v.sizes.back() == 1 &&
+                           classify(v, Cls::kCol, rows_, C_, &o)) ||
+                          classify(v, Cls::kRow, rows_, C_, &o) ||
+                          classify(v, Cls::kScalar, rows_, C_, &o))
+                       : (classify(v, Cls::kCol, rows_, C_, &o) ||
+                          classify(v, Cls::kScalar, rows_, C_, &o));
+        if (!ok) return false;
+        p.operands.push_back(o);
+      }
+      Operand o;
+      if (!classify(out, full_space ? Cls::kFull : Cls::kCol, rows_, C_, &o)) return false;
+      p.operands.push_back(o);
+      p.col_space = !full_space;
+    }
+    Operand& written = p.operands.back();
+    written.written = true;
+    // Memory: what this op touches against what earlier ops wrote, and what
+    // it writes against everything earlier ops touched (and its own inputs):
+    // the same region (tiles then meet in order) or disjoint.
+    // An earlier access that goes to a dead result's scratch tile touches
+    // no memory: the allocator may have handed that memory to this op.
+    const uint64_t seq = seqs[ops.size()];
+    for (const Operand& o : p.operands) {
+      for (size_t qi = 0; qi < ops.size(); ++qi) {
+        for (const Operand& e : ops[qi].operands) {
+          if ((e.written || o.written) && overlaps(o, e) && !sameRegion(o, e) &&
+              !inScratch(qi, e, seq))
+            return false;
+        }
+      }
+      if (&o != &written && overlaps(o, written) && !sameRegion(o, written)) return false;
+    }
+    // The working set of the smallest tile must still fit the budget: a run
+    // that outgrows it (say, a chain repeated over other tensors) ends here.
+    int64_t more = 0;
+    c10::SmallVector<const char*, 6> new_bases;
+    // A result already freed on the host will likely stay in scratch tiles,
+    // which dead results share: counted once.
+    const Operand& out_op = p.operands.back();
+    const bool freed = out_op.cls == Cls::kFull && out_op.v->offset == 0 &&
+                       freedAt(f->device, f->stream, out_op.v->data, f->free_mark).has_value();
+    if (freed && !counted_scratch) {
+      more += C_ * static_cast<int64_t>(out_op.v->dtype.itemsize());
+    }
+    for (const Operand& o : p.operands) {
+      if (o.cls != Cls::kFull || (freed && &o == &out_op)) continue;
+      if (std::find(full_bases.begin(), full_bases.end(), o.base) != full_bases.end()) continue;
+      if (std::find(new_bases.begin(), new_bases.end(), o.base) != new_bases.end()) continue;
+      new_bases.push_back(o.base);
+      more += C_ * static_cast<int64_t>(o.v->dtype.itemsize());
+    }
+    // Tiles must start where ATen's vector loops would have split: a
+    // multiple of 128 elements (of 128 rows for an op over the columns).
+    // Own ops and row reductions compute each element (row) alike anywhere.
+    chooseOwn(p);
+    const bool aten_pointwise = p.own == Own::kNone && f->kind == FusionKind::kPointwise;
+    const bool col = any_aten_col || (aten_pointwise && p.col_space);
+    const bool full = any_aten_full || (aten_pointwise && !p.col_space);
+    const int64_t min_rows = col    ? kAlign
+                             : full ? kAlign / std::gcd(kAlign, std::max<int64_t>(C_, 1))
+                                    : 1;
+    if (!ops.empty() && (row_bytes + more) * std::min(min_rows, rows_) > tileBudget()) return false;
+    row_bytes += more;
+    counted_scratch = counted_scratch || freed;
+    full_bases.append(new_bases.begin(), new_bases.end());
+    rows = rows_;
+    C = C_;
+    any_aten_col = col;
+    any_aten_full = full;
+    ops.push_back(std::move(p));
+    const Operand& res = ops.back().operands.back();
+    if (scratchable(res, C)) {
+      if (auto at = freedAt(f->device, f->stream, res.v->data, f->free_mark)) {
+        if (*at >= seqs[ops.size() - 1]) freed_results.push_back(Freed{ops.size() - 1, *at});
+      }
+    }
+    return true;
+  }
+};
+
+class DropWarnings final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
+// One CPU storage per device storage: views of one memory share it, as
+// the op-by-op host views do (CpuKernel.h's SameViews).
+struct Storages {
+  c10::SmallVector<std::pair<const void*, c10::Storage>, 8> list;
+  const c10::Storage& of(const DeviceView& v) {
+    for (const auto& [p, s] : list)
+      if (p == v.data) return s;
+    list.emplace_back(v.data, c10::Storage(c10::Storage::use_byte_size_t(), v.nbytes,
+                                           c10::DataPtr(v.data, c10::Device(c10::kCPU)),
+                                           nullptr, false));
+    return list.back().second;
+  }
+};
+
+at::Tensor tileView(const c10::Storage& storage, const Operand& o, int64_t r0, int64_t rows,
+                    int64_t C) {
+  const DeviceView& v = *o.v;
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), v.dtype);
+  int64_t sizes[2], strides[2], offset = v.offset;
+  size_t rank = 2;
+  switch (o.cls) {
+    case Cls::kFull:
+      sizes[0] = rows, sizes[1] = C, strides[0] = o.stride, strides[1] = 1;
+      offset += r0 * o.stride;
+      break;
+    case Cls::kCol:
+      sizes[0] = rows, sizes[1] = 1, strides[0] = o.stride, strides[1] = 1;
+      offset += r0 * o.stride;
+      break;
+    case Cls::kRow:
+      sizes[0] = 1, sizes[1] = C, strides[0] = C, strides[1] = 1;
+      break;
+    case Cls::kScalar:
+      sizes[0] = sizes[1] = strides[0] = strides[1] = 1;
+      if (v.sizes.empty()) rank = 0;
+      break;
+  }
+  impl->set_sizes_and_strides(c10::IntArrayRef(sizes, rank), c10::IntArrayRef(strides, rank),
+                              offset);
+  return at::Tensor(std::move(impl));
+}
+
+// A dead result's tile in its scratch buffer (same strides as in device
+// memory: it is dense there too).
+at::Tensor scratchView(const c10::Storage& storage, const Operand& o, int64_t rows, int64_t C) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), o.v->dtype);
+  const int64_t cols = o.cls == Cls::kFull ? C : 1;
+  const int64_t sizes[2] = {rows, cols}, strides[2] = {cols, 1};
+  impl->set_sizes_and_strides(c10::IntArrayRef(sizes, 2), c10::IntArrayRef(strides, 2), 0);
+  return at::Tensor(std::move(impl));
+}
+
+// An operand of an own op on one tile: element (r, c) at
+// ptr + (r * row + c * col) * itemsize.
+struct Ptr {
+  char* ptr = nullptr;
+  int64_t row = 0, col = 0;
+  c10::ScalarType dtype = at::kFloat;
+  float number = 0;
+  bool is_number = false;
+};
+
+#define AXON_INLINE inline __attribute__((always_inline))
+
+AXON_INLINE float loadOne(const char* p, c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return *reinterpret_cast<const float*>(p);
+    case at::kBFloat16: return static_cast<float>(*reinterpret_cast<const c10::BFloat16*>(p));
+    default: return static_cast<float>(*reinterpret_cast<const c10::Half*>(p));
+  }
+}
+
+// Row r of an input as floats: a pointer into memory when it is a dense
+// float32 row, else converted (or broadcast) into buf.
+AXON_INLINE const float* loadRow(const Ptr& a, int64_t r, int64_t cols, float* buf) {
+  if (a.is_number) {
+    std::fill_n(buf, cols, a.number);
+    return buf;
+  }
+  const int64_t item = static_cast<int64_t>(c10::elementSize(a.dtype));
+  const char* p = a.ptr + r * a.row * item;
+  if (a.col == 0 || cols == 1) {
+    std::fill_n(buf, cols, loadOne(p, a.dtype));
+    return buf;
+  }
+  switch (a.dtype) {
+    case at::kFloat:
+      return reinterpret_cast<const float*>(p);
+    case at::kBFloat16: {
+      const auto* q = reinterpret_cast<const uint16_t*>(p);
+      for (int64_t c = 0; c < cols; ++c) buf[c] = c10::bit_cast<float>(uint32_t{q[c]} << 16);
+      return buf;
+    }
+    default: {
+      const auto* q = reinterpret_cast<const c10::Half*>(p);
+      for (int64_t c = 0; c < cols; ++c) buf[c] = static_cast<float>(q[c]);
+      return buf;
+    }
+  }
+}
+
+AXON_INLINE void storeRow(const Ptr& o, int64_t r, int64_t cols, const float* v) {
+  const int64_t item = static_cast<int64_t>(c10::elementSize(o.dtype));
+  char* p = o.ptr + r * o.row * item;
+  switch (o.dtype) {
+    case at::kFloat: {
+      auto* q = reinterpret_cast<float*>(p);
+      if (q != v) std::copy_n(v, cols, q);
+      return;
+    }
+    case at::kBFloat16: {
+      // c10::BFloat16(float), written so that it vectorises: round to
+      // nearest even, NaN to 0x7FC0.
+      auto* q = reinterpret_cast<uint16_t*>(p);
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint32_t u = c10::bit_cast<uint32_t>(v[c]);
+        const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+        q[c] = static_cast<uint16_t>(v[c] != v[c] ? 0x7FC0u : rounded);
+      }
+      return;
+    }
+    default: {
+      auto* q = reinterpret_cast<c10::Half*>(p);
+      for (int64_t c = 0; c < cols; ++c) q[c] = c10::Half(v[c]);
+      return;
+    }
+  }
+}
+
+// out = op(a[, b]) over rows x cols, each element in float, rounded once.
+// Compiled for AVX-512, AVX2 and the baseline (picked at load time); this
+// file is built without floating-point contraction (an FMA would round once
+// where the op rounds twice).
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void runOwn(Own op, const Ptr* in, const Ptr& out, int64_t rows, int64_t cols) {
+  thread_local std::vector<float> bufs;
+  if (bufs.size() < static_cast<size_t>(3 * cols)) bufs.resize(3 * cols);
+  float* ba = bufs.data();
+  float* bb = ba + cols;
+  float* bo = bb + cols;
+  const bool direct = out.dtype == at::kFloat && (out.col == 1 || cols == 1);
+  const int64_t item = static_cast<int64_t>(c10::elementSize(out.dtype));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = direct ? reinterpret_cast<float*>(out.ptr + r * out.row * item) : bo;
+    const float* a = loadRow(in[0], r, cols, ba);
+    switch (op) {
+      case Own::kAdd: {
+        const float* b = loadRow(in[1], r, cols, bb);
+        for (int64_t c = 0; c < cols; ++c) o[c] = a[c] + b[c];
+        break;
+      }
+      case Own::kSub: {
+        const float* b = loadRow(in[1], r, cols, bb);
+        for (int64_t c = 0; c < cols; ++c) o[c] = a[c] - b[c];
+        break;
+      }
+      case Own::kMul: {
+        const float* b = loadRow(in[1], r, cols, bb);
+        for (int64_t c = 0; c < cols; ++c) o[c] = a[c] * b[c];
+        break;
+      }
+      case Own::kDiv: {
+        const float* b = loadRow(in[1], r, cols, bb);
+        for (int64_t c = 0; c < cols; ++c) o[c] = a[c] / b[c];
+        break;
+      }
+      case Own::kNeg:
+        for (int64_t c = 0; c < cols; ++c) o[c] = -a[c];
+        break;
+      case Own::kSquare:
+        for (int64_t c = 0; c < cols; ++c) o[c] = a[c] * a[c];
+        break;
+      case Own::kRsqrt:
+        for (int64_t c = 0; c < cols; ++c) o[c] = 1.0f / std::sqrt(a[c]);
+        break;
+      case Own::kCopy:
+        if (o != a) std::copy_n(a, cols, o);
+        break;
+      case Own::kNone:
+        break;
+    }
+    if (!direct) storeRow(out, r, cols, o);
+  }
+}
+
+// A result nothing outside the run can read: the op that writes it, the
+// last op (by sequence number) that may touch it, and its scratch tile.
+struct Dead {
+  size_t op;
+  uint64_t until;
+  const Operand* region;
+  c10::Storage scratch;
+};
+
+// Buffers for dead results' tiles, reused by the worker's later runs.
+c10::Storage scratchStorage(std::vector<std::unique_ptr<char[]>>& arena, size_t nbytes) {
+  arena.emplace_back(new char[nbytes + 64]);
+  void* p = arena.back().get();
+  size_t space = nbytes + 64;
+  std::align(64, nbytes, p, space);
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                      c10::DataPtr(p, c10::Device(c10::kCPU)), nullptr, false);
+}
+
+rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, size_t n) noexcept {
+  rt::FusionResult result;
+  Plan plan;
+  plan.seqs = seqs;
+  try {
+    for (size_t i = 0; i < n; ++i) {
+      if (!plan.add(static_cast<Fusible*>(tasks[i]))) break;
+    }
+  } catch (...) {
+    return result;
+  }
+  static const bool debug = std::getenv("AXON_FUSION_DEBUG") != nullptr;
+  if (debug) {
+    std::string line = "axon fusion: " + std::to_string(plan.ops.size()) + " of " + std::to_string(n) + ":";
+    for (size_t i = 0; i < n; ++i) {
+      line += std::string(i == plan.ops.size() ? " |" : "") + " " +
+              static_cast<Fusible*>(tasks[i])->name;
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  n_chains.fetch_add(1, std::memory_order_relaxed);
+  if (plan.ops.size() < 2) return result;
+  const int64_t R = plan.rows;
+  const int64_t C = std::max<int64_t>(plan.C, 1);
+  // Tile rows: a multiple of the alignment whose full tensors fit the budget.
+  const int64_t align = plan.align();
+  int64_t tile = R;
+  if (plan.row_bytes > 0) {
+    tile = std::max<int64_t>(1, tileBudget() / plan.row_bytes);
+    tile = std::max<int64_t>(align, tile / align * align);
+  }
+  result.ran = plan.ops.size();
+  // Results freed before any work outside the run was launched are written
+  // to a scratch tile instead of device memory (the allocator may already
+  // have handed their blocks to later ops of the run).
+  const uint64_t last_seq = seqs[plan.ops.size() - 1];
+  std::vector<Dead> dead;
+  std::vector<std::unique_ptr<char[]>> arena;
+  int64_t not_written = 0;
+  try {
+    for (size_t i = 0; i < plan.ops.size(); ++i) {
+      const Fusible* f = plan.ops[i].f;
+      const Operand& o = plan.ops[i].operands.back();
+      if (!scratchable(o, C)) continue;
+      const auto freed = freedAt(f->device, f->stream, o.v->data, f->free_mark);
+      if (!freed.has_value() || *freed > last_seq || *freed < seqs[i]) continue;
+      bool inside = false;  // an interval already covers it (an in-place op)
+      for (const Dead& d : dead)
+        if (sameRegion(*d.region, o) && d.op < i && seqs[i] <= d.until) inside = true;
+      if (inside) continue;
+      const int64_t item = static_cast<int64_t>(o.v->dtype.itemsize());
+      const int64_t per_row = o.cls == Cls::kFull ? C * item : item;
+      dead.push_back(Dead{i, *freed, &o, c10::Storage()});
+      not_written += R * per_row;
+    }
+    // Scratch tiles are shared between dead results whose uses do not
+    // overlap (every access is to the tile's own rows, in op order).
+    struct Buffer {
+      c10::Storage storage;
+      size_t bytes;
+      size_t free_after;  // the last op that uses it
+    };
+    std::vector<Buffer> buffers;
+    for (Dead& d : dead) {
+      size_t last = d.op;
+      for (size_t k = d.op + 1; k < plan.ops.size() && seqs[k] <= d.until; ++k)
+        for (const Operand& o : plan.ops[k].operands)
+          if (sameRegion(*d.region, o)) last = k;
+      const int64_t item = static_cast<int64_t>(d.region->v->dtype.itemsize());
+      const size_t bytes = static_cast<size_t>(
+          std::min(tile, R) * (d.region->cls == Cls::kFull ? C * item : item));
+      Buffer* use = nullptr;
+      for (Buffer& b : buffers)
+        if (b.bytes == bytes && b.free_after < d.op) use = &b;
+      if (use == nullptr) {
+        buffers.push_back(Buffer{scratchStorage(arena, bytes), bytes, last});
+        use = &buffers.back();
+      }
+      use->free_after = last;
+      d.scratch = use->storage;
+    }
+  } catch (...) {
+    dead.clear();
+    not_written = 0;
+  }
+  try {
+    DropWarnings drop;
+    c10::WarningUtils::WarningHandlerGuard guard(&drop);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    setKernelThreads(1);
+    Storages storages;
+    c10::SmallVector<at::Tensor, 6> views;
+    int64_t tiles = 0;
+    for (int64_t r0 = 0; r0 < R; r0 += tile) {
+      const int64_t rows = std::min(tile, R - r0);
+      ++tiles;
+      for (size_t i = 0; i < plan.ops.size(); ++i) {
+        const OpPlan& p = plan.ops[i];
+        // A dead result's scratch tile: for the op that writes it, its output
+        // only (its inputs still read what was there before).
+        const auto scratchFor = [&](size_t op, const Operand& o) -> const Dead* {
+          const Dead* found = nullptr;
+          for (const Dead& d : dead)
+            if ((o.written ? op >= d.op : op > d.op) && seqs[op] <= d.until &&
+                sameRegion(*d.region, o))
+              found = &d;
+          return found;
+        };
+        const auto scratchOf = [&](const Operand& o) { return scratchFor(i, o); };
+        if (p.own != Own::kNone) {
+          // A run of own ops goes block by block (a few rows, in L1), each
+          // op over the block in turn.
+          const auto ptrOf = [&](size_t op, const Operand& o) {
+            Ptr q;
+            q.dtype = o.v->scalar_type();
+            const int64_t item = static_cast<int64_t>(o.v->dtype.itemsize());
+            if (const Dead* d = scratchFor(op, o)) {
+              q.ptr = static_cast<char*>(d->scratch.mutable_data());
+              q.row = o.cls == Cls::kFull ? C : 1;
+              q.col = o.cls == Cls::kFull ? 1 : 0;
+              return q;
+            }
+            char* base = const_cast<char*>(o.base);
+            switch (o.cls) {
+              case Cls::kFull: q.ptr = base + r0 * o.stride * item, q.row = o.stride, q.col = 1; break;
+              case Cls::kCol: q.ptr = base + r0 * o.stride * item, q.row = o.stride, q.col = 0; break;
+              case Cls::kRow: q.ptr = base, q.row = 0, q.col = 1; break;
+              case Cls::kScalar: q.ptr = base, q.row = 0, q.col = 0; break;
+            }
+            return q;
+          };
+          struct Step {
+            Own op;
+            Ptr in[2];
+            Ptr out;
+            int64_t cols;
+          };
+          c10::SmallVector<Step, 16> steps;
+          size_t j = i;
+          for (; j < plan.ops.size() && plan.ops[j].own != Own::kNone; ++j) {
+            const OpPlan& q = plan.ops[j];
+            if (failsForTest(q.f->name)) break;
+            Step st;
+            st.op = q.own;
+            for (int k = 0; k < 2; ++k) {
+              if (q.in[k] >= 0) {
+                st.in[k] = ptrOf(j, q.operands[q.in[k]]);
+              } else {
+                st.in[k].is_number = true;
+                st.in[k].number = q.number[k];
+              }
+            }
+            st.out = ptrOf(j, q.operands.back());
+            st.cols = q.col_space ? 1 : C;
+            steps.push_back(st);
+          }
+          const int64_t block = std::max<int64_t>(1, kBlockElements / C);
+          for (int64_t b0 = 0; b0 < rows; b0 += block) {
+            const int64_t n = std::min(block, rows - b0);
+            for (const Step& st : steps) {
+              const auto at = [&](Ptr q) {
+                if (!q.is_number) q.ptr += b0 * q.row * static_cast<int64_t>(c10::elementSize(q.dtype));
+                return q;
+              };
+              const Ptr in[2] = {at(st.in[0]), at(st.in[1])};
+              runOwn(st.op, in, at(st.out), n, st.cols);
+            }
+          }
+          if (j < plan.ops.size() && plan.ops[j].own != Own::kNone) {  // the test's failure
+            result.failed = j;
+            result.error = "injected failure of a fused op (test)";
+            r0 = R;
+            break;
+          }
+          i = j - 1;
+          continue;
+        }
+        views.clear();
+        for (size_t k = 0; k < p.operands.size(); ++k) {
+          const Operand& o = p.operands[k];
+          // The same region twice in one op (in place): one tensor, unless the
+          // output goes to a scratch tile and the input comes from memory.
+          const Dead* scratch = scratchOf(o);
+          size_t same = k;
+          for (size_t j = 0; j < k; ++j)
+            if (p.operands[j].base == o.base && sameRegion(p.operands[j], o) &&
+                scratchOf(p.operands[j]) == scratch)
+              same = j;
+          if (same != k) {
+            views.push_back(views[same]);
+            continue;
+          }
+          views.push_back(scratch != nullptr ? scratchView(scratch->scratch, o, rows, C)
+                                             : tileView(storages.of(*o.v), o, r0, rows, C));
+        }
+        try {
+          TORCH_CHECK(!failsForTest(p.f->name), "injected failure of a fused op (test)");
+          switch (p.f->kind) {
+            case FusionKind::kRowSum:
+              at::cpu::sum_outf(views[0], {-1}, true, p.f->reduce_dtype, views[1]);
+              break;
+            case FusionKind::kRowMean:
+              at::cpu::mean_outf(views[0], {-1}, true, p.f->reduce_dtype, views[1]);
+              break;
+            default:
+              p.f->runMapped(views);
+          }
+        } catch (const c10::Error& e) {
+          result.failed = i;
+          result.error = e.what_without_backtrace();
+          r0 = R;
+          break;
+        } catch (const std::exception& e) {
+          result.failed = i;
+          result.error = e.what();
+          r0 = R;
+          break;
+        }
+      }
+    }
+    n_tiles.fetch_add(tiles, std::memory_order_relaxed);
+    n_not_written.fetch_add(not_written, std::memory_order_relaxed);
+  } catch (...) {
+    if (result.error.empty()) result.error = "fused kernel failed";
+  }
+  for (const OpPlan& p : plan.ops) retireWork(p.f->work);
+  n_fused.fetch_add(1, std::memory_order_relaxed);
+  n_ops.fetch_add(static_cast<int64_t>(plan.ops.size()), std::memory_order_relaxed);
+  return result;
+}
+
+}  // namespace
+
+void install() { rt::set_fusion_hook(&runFused); }
+
+void setTileBytesForTest(int64_t bytes) { tile_bytes_override.store(bytes); }
+
+void failForTest(const std::string& op) {
+  std::lock_guard<std::mutex> g(fail_mutex);
+  fail_op = op;
+  fail_set.store(!op.empty());
+}
+
+Stats stats() {
+  Stats s;
+  s.chains_seen = n_chains.load();
+  s.fused_kernels = n_fused.load();
+  s.ops_fused = n_ops.load();
+  s.tiles = n_tiles.load();
+  s.intermediate_bytes_not_written = n_not_written.load();
+  return s;
+}
+
+void resetStats() {
+  n_chains = 0;
+  n_fused = 0;
+  n_ops = 0;
+  n_tiles = 0;
+  n_not_written = 0;
+}
+
+}  // namespace at::axon::fusion
