@@ -242,7 +242,9 @@ bool classify(const DeviceView& v, Cls cls, int64_t rows, int64_t C, Operand* ou
       break;
     }
     case Cls::kCol: {
-      if (n != rows) return false;
+      // Not a 0-dim tensor: a (1, 1) view would promote types as a
+      // dimensioned tensor does.
+      if (n != rows || rank == 0) return false;
       if (!collapse(v, rank, &o.stride)) return false;
       if (rows == 1) o.stride = 1;
       if (o.stride < 1) return false;
@@ -418,10 +420,18 @@ struct Plan {
       new_bases.push_back(o.base);
       more += C_ * static_cast<int64_t>(o.v->dtype.itemsize());
     }
+    chooseOwn(p);
+    // ATen kernels that raise on data (integer division by zero, integers
+    // to negative powers) run alone: a fused run cannot stop at one op.
+    if (p.own == Own::kNone && f->kind == FusionKind::kPointwise &&
+        !c10::isFloatingType(out.scalar_type()) && !c10::isComplexType(out.scalar_type()) &&
+        (std::strstr(f->name, "div") != nullptr || std::strstr(f->name, "pow") != nullptr ||
+         std::strstr(f->name, "remainder") != nullptr || std::strstr(f->name, "fmod") != nullptr)) {
+      return false;
+    }
     // Tiles must start where ATen's vector loops would have split: a
     // multiple of 128 elements (of 128 rows for an op over the columns).
     // Own ops and row reductions compute each element (row) alike anywhere.
-    chooseOwn(p);
     const bool aten_pointwise = p.own == Own::kNone && f->kind == FusionKind::kPointwise;
     const bool col = any_aten_col || (aten_pointwise && p.col_space);
     const bool full = any_aten_full || (aten_pointwise && !p.col_space);
@@ -594,8 +604,29 @@ void runOwn(Own op, const Ptr* in, const Ptr& out, int64_t rows, int64_t cols) {
   float* ba = bufs.data();
   float* bb = ba + cols;
   float* bo = bb + cols;
-  const bool direct = out.dtype == at::kFloat && (out.col == 1 || cols == 1);
   const int64_t item = static_cast<int64_t>(c10::elementSize(out.dtype));
+  // Bytes, not values: a copy within one dtype, and the negation of a 16-bit
+  // float (ATen flips the sign bit; through float a NaN would lose its bits).
+  if ((op == Own::kCopy || (op == Own::kNeg && item == 2)) && !in[0].is_number &&
+      in[0].dtype == out.dtype) {
+    const uint16_t flip = op == Own::kNeg ? 0x8000 : 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const char* a = in[0].ptr + r * in[0].row * item;
+      char* o = out.ptr + r * out.row * item;
+      if (item == 2) {
+        const auto* a16 = reinterpret_cast<const uint16_t*>(a);
+        auto* o16 = reinterpret_cast<uint16_t*>(o);
+        for (int64_t c = 0; c < cols; ++c) o16[c] = a16[c * in[0].col] ^ flip;
+      } else if (in[0].col == 1 || cols == 1) {
+        std::memmove(o, a, static_cast<size_t>(cols * item));
+      } else {
+        const auto* a32 = reinterpret_cast<const float*>(a);
+        std::fill_n(reinterpret_cast<float*>(o), cols, *a32);
+      }
+    }
+    return;
+  }
+  const bool direct = out.dtype == at::kFloat && (out.col == 1 || cols == 1);
   for (int64_t r = 0; r < rows; ++r) {
     float* o = direct ? reinterpret_cast<float*>(out.ptr + r * out.row * item) : bo;
     const float* a = loadRow(in[0], r, cols, ba);
@@ -698,19 +729,19 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
   std::vector<std::unique_ptr<char[]>> arena;
   int64_t not_written = 0;
   try {
-    for (size_t i = 0; i < plan.ops.size(); ++i) {
-      const Fusible* f = plan.ops[i].f;
+    // The frees the plan saw (it relied on them where memory was reused):
+    // looked up once, so planning and running agree.
+    for (const Plan::Freed& fr : plan.freed_results) {
+      if (fr.at > last_seq) continue;
+      const size_t i = fr.op;
       const Operand& o = plan.ops[i].operands.back();
-      if (!scratchable(o, C)) continue;
-      const auto freed = freedAt(f->device, f->stream, o.v->data, f->free_mark);
-      if (!freed.has_value() || *freed > last_seq || *freed < seqs[i]) continue;
       bool inside = false;  // an interval already covers it (an in-place op)
       for (const Dead& d : dead)
         if (sameRegion(*d.region, o) && d.op < i && seqs[i] <= d.until) inside = true;
       if (inside) continue;
       const int64_t item = static_cast<int64_t>(o.v->dtype.itemsize());
       const int64_t per_row = o.cls == Cls::kFull ? C * item : item;
-      dead.push_back(Dead{i, *freed, &o, c10::Storage()});
+      dead.push_back(Dead{i, fr.at, &o, c10::Storage()});
       not_written += R * per_row;
     }
     // Scratch tiles are shared between dead results whose uses do not
@@ -740,9 +771,11 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
       d.scratch = use->storage;
     }
   } catch (...) {
-    dead.clear();
-    not_written = 0;
+    // No scratch (out of host memory): the ops run one by one instead; the
+    // plan relied on the scratch tiles.
+    return rt::FusionResult{};
   }
+  size_t current = 0;  // the op running (errors name it)
   try {
     DropWarnings drop;
     c10::WarningUtils::WarningHandlerGuard guard(&drop);
@@ -755,6 +788,7 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
       const int64_t rows = std::min(tile, R - r0);
       ++tiles;
       for (size_t i = 0; i < plan.ops.size(); ++i) {
+        current = i;
         const OpPlan& p = plan.ops[i];
         // A dead result's scratch tile: for the op that writes it, its output
         // only (its inputs still read what was there before).
@@ -880,8 +914,10 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
     }
     n_tiles.fetch_add(tiles, std::memory_order_relaxed);
     n_not_written.fetch_add(not_written, std::memory_order_relaxed);
+  } catch (const std::exception& e) {
+    if (result.error.empty()) result.failed = current, result.error = e.what();
   } catch (...) {
-    if (result.error.empty()) result.error = "fused kernel failed";
+    if (result.error.empty()) result.failed = current, result.error = "unknown exception";
   }
   for (const OpPlan& p : plan.ops) retireWork(p.f->work);
   n_fused.fetch_add(1, std::memory_order_relaxed);

@@ -195,12 +195,21 @@ class DeviceCache {
       block->stream_uses.clear();
       return;
     }
-    free_log_.add(block->ptr, block->stream,
-                  rt::stream_launched(rt::Stream{device_, block->stream}));
+    log_free(block);
     release_to_pool(block);
   }
 
   const FreeLog& free_log() const { return free_log_; }
+
+  // Never throws (it runs in tensor deleters): a forked child's runtime
+  // refuses every call, and then nothing is logged.
+  void log_free(Block* block) noexcept {
+    try {
+      free_log_.add(block->ptr, block->stream,
+                    rt::stream_launched(rt::Stream{device_, block->stream}));
+    } catch (...) {
+    }
+  }
 
   void record_stream(Block* block, c10::StreamId stream) {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -301,6 +301,61 @@ def test_error_inside_a_fused_chain_names_the_op():
     assert torch.equal((x + 1).cpu(), x.cpu() + 1)
 
 
+def test_zero_dim_operand_in_a_one_row_frame():
+    # A 0-dim tensor stays 0-dim in the tile views (type promotion treats it as a scalar).
+    def program(x, t):
+        s = x.sum(-1)
+        return s * t, (x + 1) * t
+
+    x = make((1, 64), torch.float32, seed=17)
+    t = torch.tensor(0.1, dtype=torch.float64)
+    got, _ = fused_vs_op_by_op(program, [x, t], expect_fused=False)
+    assert got[0].dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_nan_results(dtype):
+    # NaN results stay NaN where op by op they are NaN, and other values are bitwise
+    # equal; a 16-bit NaN's payload may differ (ATen's own vector and scalar paths write
+    # different ones). Copies and negation of 16-bit floats move bits: NaN bits kept.
+    def program(z, x):
+        n = z / z                      # NaN
+        return (n + x).neg(), n.neg(), n.clone(), x * 2
+
+    z = torch.zeros(200, 40, dtype=dtype)
+    z[::3] = 1
+    x = make((200, 40), dtype, seed=18)
+    inputs = lambda: [z.to(AXON), x.to(AXON)]  # noqa: E731
+    ref, _ = run(program, inputs(), fused=False)
+    got, stats = run(program, inputs(), fused=True)
+    assert stats["fused_kernels"] >= 1
+    for g, r in zip(got, ref):
+        assert torch.equal(g.isnan(), r.isnan())
+        assert torch.equal(bits(torch.where(g.isnan(), 0, g)), bits(torch.where(r.isnan(), 0, r)))
+
+
+def test_integer_division_error_leaves_other_ops_intact():
+    a = torch.arange(256 * 64, dtype=torch.int32).reshape(256, 64).to(AXON)
+    ones = torch.ones(256, 64, dtype=torch.int32, device=AXON)
+    def program(z):
+        y = a + 1
+        q = torch.div(y, z, rounding_mode="floor")
+        w = a * 3
+        return y, q, w
+
+    torch.axon._C._set_adaptive_eager(1)
+    program(ones)                          # signatures checked at the call
+    torch.axon.synchronize()
+    z = ones.clone()
+    z[200, 0] = 0
+    torch.axon._C._test_sleep_on_stream(torch.axon.current_device(), HOLD_MS)
+    y, q, w = program(z)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        torch.axon.synchronize()
+    assert torch.equal(y.cpu(), a.cpu() + 1)
+    assert torch.equal(w.cpu(), a.cpu() * 3)
+
+
 def test_launch_blocking_runs_op_by_op():
     r = run_python("""
         import torch
