@@ -452,9 +452,11 @@ void launchFusibleCpuKernel(c10::DeviceIndex device, const char* name, cpu_kerne
   auto work =
       std::make_unique<cpu_kernel::FusibleCpuKernelWork<Fn, Args...>>(kind, name, fn, args...);
   work->reduce_dtype = reduce_dtype;
-  work->device = device;
-  work->stream = current_rt_stream(device).id;
-  work->free_mark = freeLogMark(device);
+  if (adaptiveEager()) {
+    work->device = device;
+    work->stream = current_rt_stream(device).id;
+    work->free_mark = freeLogMark(device);
+  }
   Signature signature(HostChecks::kMeta);
   cpu_kernel::Elements elements;
   std::apply([&](const auto&... c) {

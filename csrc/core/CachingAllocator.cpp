@@ -204,6 +204,7 @@ class DeviceCache {
   // Never throws (it runs in tensor deleters): a forked child's runtime
   // refuses every call, and then nothing is logged.
   void log_free(Block* block) noexcept {
+    if (!adaptiveEager()) return;  // only fusion reads it
     try {
       free_log_.add(block->ptr, block->stream,
                     rt::stream_launched(rt::Stream{device_, block->stream}));
