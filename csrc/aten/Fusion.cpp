@@ -627,30 +627,76 @@ void runOwn(Own op, const Ptr* in, const Ptr& out, int64_t rows, int64_t cols) {
     return;
   }
   const bool direct = out.dtype == at::kFloat && (out.col == 1 || cols == 1);
+  // An input the same for every row (a row vector, a single value, a
+  // number) is converted once; one value per element is a broadcast scalar.
+  const auto uniform = [&](const Ptr& a) { return a.is_number || a.row == 0; };
+  const auto single = [&](const Ptr& a) { return a.is_number || a.col == 0 || cols == 1; };
+  const float* fixed[2] = {nullptr, nullptr};
+  float* bufs_in[2] = {ba, bb};
+  const int arity = op == Own::kAdd || op == Own::kSub || op == Own::kMul || op == Own::kDiv ? 2 : 1;
+  for (int k = 0; k < arity; ++k) {
+    if (uniform(in[k]) && !single(in[k])) fixed[k] = loadRow(in[k], 0, cols, bufs_in[k]);
+  }
   for (int64_t r = 0; r < rows; ++r) {
     float* o = direct ? reinterpret_cast<float*>(out.ptr + r * out.row * item) : bo;
-    const float* a = loadRow(in[0], r, cols, ba);
+    // A copy converts straight into the result row.
+    if (op == Own::kCopy) {
+      const float* a = loadRow(in[0], r, cols, o);
+      if (a != o) std::copy_n(a, cols, o);
+      if (!direct) storeRow(out, r, cols, o);
+      continue;
+    }
+    if (arity == 2 && (single(in[0]) || single(in[1]))) {
+      // vector op scalar (or scalar op vector): no broadcast buffer.
+      const bool first = single(in[0]);
+      const float sv = single(in[first ? 0 : 1]) ? loadRow(in[first ? 0 : 1], r, 1, bufs_in[first ? 0 : 1])[0] : 0.0f;
+      const int vk = first ? 1 : 0;
+      const float* v = fixed[vk] != nullptr ? fixed[vk] : loadRow(in[vk], r, cols, bufs_in[vk]);
+      if (single(in[vk])) {
+        const float x = v[0];
+        const float a0 = first ? sv : x, b0 = first ? x : sv;
+        float y = 0;
+        switch (op) {
+          case Own::kAdd: y = a0 + b0; break;
+          case Own::kSub: y = a0 - b0; break;
+          case Own::kMul: y = a0 * b0; break;
+          default: y = a0 / b0; break;
+        }
+        std::fill_n(o, cols, y);
+      } else if (first) {
+        switch (op) {
+          case Own::kAdd: for (int64_t c = 0; c < cols; ++c) o[c] = sv + v[c]; break;
+          case Own::kSub: for (int64_t c = 0; c < cols; ++c) o[c] = sv - v[c]; break;
+          case Own::kMul: for (int64_t c = 0; c < cols; ++c) o[c] = sv * v[c]; break;
+          default: for (int64_t c = 0; c < cols; ++c) o[c] = sv / v[c]; break;
+        }
+      } else {
+        switch (op) {
+          case Own::kAdd: for (int64_t c = 0; c < cols; ++c) o[c] = v[c] + sv; break;
+          case Own::kSub: for (int64_t c = 0; c < cols; ++c) o[c] = v[c] - sv; break;
+          case Own::kMul: for (int64_t c = 0; c < cols; ++c) o[c] = v[c] * sv; break;
+          default: for (int64_t c = 0; c < cols; ++c) o[c] = v[c] / sv; break;
+        }
+      }
+      if (!direct) storeRow(out, r, cols, o);
+      continue;
+    }
+    const float* a = fixed[0] != nullptr ? fixed[0] : loadRow(in[0], r, cols, ba);
+    const float* b = arity == 2 ? (fixed[1] != nullptr ? fixed[1] : loadRow(in[1], r, cols, bb))
+                                : nullptr;
     switch (op) {
-      case Own::kAdd: {
-        const float* b = loadRow(in[1], r, cols, bb);
+      case Own::kAdd:
         for (int64_t c = 0; c < cols; ++c) o[c] = a[c] + b[c];
         break;
-      }
-      case Own::kSub: {
-        const float* b = loadRow(in[1], r, cols, bb);
+      case Own::kSub:
         for (int64_t c = 0; c < cols; ++c) o[c] = a[c] - b[c];
         break;
-      }
-      case Own::kMul: {
-        const float* b = loadRow(in[1], r, cols, bb);
+      case Own::kMul:
         for (int64_t c = 0; c < cols; ++c) o[c] = a[c] * b[c];
         break;
-      }
-      case Own::kDiv: {
-        const float* b = loadRow(in[1], r, cols, bb);
+      case Own::kDiv:
         for (int64_t c = 0; c < cols; ++c) o[c] = a[c] / b[c];
         break;
-      }
       case Own::kNeg:
         for (int64_t c = 0; c < cols; ++c) o[c] = -a[c];
         break;
@@ -661,8 +707,6 @@ void runOwn(Own op, const Ptr* in, const Ptr& out, int64_t rows, int64_t cols) {
         for (int64_t c = 0; c < cols; ++c) o[c] = 1.0f / std::sqrt(a[c]);
         break;
       case Own::kCopy:
-        if (o != a) std::copy_n(a, cols, o);
-        break;
       case Own::kNone:
         break;
     }
