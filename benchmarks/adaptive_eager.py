@@ -3,8 +3,10 @@
     .venv/bin/python benchmarks/adaptive_eager.py [--repeats 5] [--only rmsnorm,decode,train]
     .venv/bin/python benchmarks/adaptive_eager.py --quick      # small shapes, seconds
 
-Three measurements, each alternating fusion off and on in one process
+Four measurements, each alternating fusion off and on in one process
 (torch.axon._C._set_adaptive_eager), medians of --repeats rounds:
+- chain: ((x * 2.0) + 1.0).neg() on [2048, 512] float32, an elementwise chain the
+  engine runs entirely in its own loops: time per call over a loop of calls;
 - rmsnorm: transformers' LlamaRMSNorm module (Python ops) on [8, 256, 512], float32 and
   bfloat16: time per call over a loop of calls (the device drained before and after);
   the CPU's time for reference.
@@ -65,6 +67,33 @@ def bench_rmsnorm(args, rows: list) -> None:
                      C.fmt_time(off), C.fmt_time(on), f"{off / on:.2f}x", "yes" if same else "NO",
                      stats["ops_fused"], f"{stats['intermediate_bytes_not_written'] / 2**20:.0f} MiB"])
         print(rows[-1], flush=True)
+
+
+def bench_chain(args, rows: list) -> None:
+    shape = (256, 128) if args.quick else (2048, 512)
+    x_cpu = torch.randn(shape)
+    x = x_cpu.to("axon")
+
+    def chain(t):
+        return ((t * 2.0) + 1.0).neg()
+
+    iters = 20 if args.quick else 100
+    times = {"cpu": [], "off": [], "on": []}
+    outs = {}
+    for _ in range(args.repeats):
+        times["cpu"].append(C.time_per_call(lambda: chain(x_cpu), "cpu", iters, 3))
+        for m in MODES:
+            set_mode(m)
+            torch.axon.reset_fusion_stats()
+            times[m].append(C.time_per_call(lambda: chain(x), "axon", iters, 3))
+            outs[m] = chain(x).cpu()
+    stats = torch.axon.fusion_stats()
+    off, on = C.median(times["off"]), C.median(times["on"])
+    rows.append(["((x * 2) + 1).neg()", str(list(shape)), "fp32", C.fmt_time(C.median(times["cpu"])),
+                 C.fmt_time(off), C.fmt_time(on), f"{off / on:.2f}x",
+                 "yes" if torch.equal(outs["on"].view(torch.int32), outs["off"].view(torch.int32)) else "NO",
+                 stats["ops_fused"], f"{stats['intermediate_bytes_not_written'] / 2**20:.0f} MiB"])
+    print(rows[-1], flush=True)
 
 
 def bench_decode(args, rows: list) -> None:
@@ -134,7 +163,7 @@ def bench_train(args, rows: list) -> None:
 def main() -> None:
     p = C.make_parser(__doc__, quick="small shapes and model: a smoke run")
     p.add_argument("--repeats", type=int, default=None, help="rounds (5; quick 2)")
-    p.add_argument("--only", default="rmsnorm,decode,train")
+    p.add_argument("--only", default="chain,rmsnorm,decode,train")
     args = p.parse_args()
     if args.repeats is None:
         args.repeats = 2 if args.quick else 5
@@ -142,6 +171,8 @@ def main() -> None:
     rows: list = []
     parts = args.only.split(",")
     try:
+        if "chain" in parts:
+            bench_chain(args, rows)
         if "rmsnorm" in parts:
             bench_rmsnorm(args, rows)
         if "decode" in parts:

@@ -107,7 +107,7 @@ struct Operand {
 // (tests/ops/test_adaptive_eager.py) hold them to it.  Not sqrt: ATen's
 // float32 sqrt goes through MKL's VML, which is not correctly rounded.
 // Others run ATen's kernel on tile views.
-enum class Own : uint8_t { kNone, kAdd, kSub, kMul, kDiv, kNeg, kSquare, kRsqrt, kCopy };
+enum class Own : uint8_t { kNone, kAdd, kSub, kMul, kDiv, kNeg, kSquare, kRsqrt, kCopy, kRowSum, kRowMean };
 
 struct OpPlan {
   Fusible* f = nullptr;
@@ -142,6 +142,16 @@ bool ownLoops() {
 void chooseOwn(OpPlan& p) {
   const Fusible& f = *p.f;
   if (!ownLoops()) return;
+#if defined(__x86_64__)
+  // float32 row sums and means: ATen's summation order replayed (rowSum).
+  if ((f.kind == FusionKind::kRowSum || f.kind == FusionKind::kRowMean) && f.views.size() == 2 &&
+      f.views[0]->scalar_type() == at::kFloat && f.views[1]->scalar_type() == at::kFloat &&
+      (!f.reduce_dtype.has_value() || *f.reduce_dtype == at::kFloat)) {
+    p.own = f.kind == FusionKind::kRowSum ? Own::kRowSum : Own::kRowMean;
+    p.in[0] = 0;
+    return;
+  }
+#endif
   if (f.kind != FusionKind::kPointwise || f.name == nullptr) return;
   Own op = Own::kNone;
   int arity = 2;
@@ -438,7 +448,14 @@ struct Plan {
     const int64_t min_rows = col    ? kAlign
                              : full ? kAlign / std::gcd(kAlign, std::max<int64_t>(C_, 1))
                                     : 1;
-    if (!ops.empty() && (row_bytes + more) * std::min(min_rows, rows_) > tileBudget()) return false;
+    // (A run whose first op alone is over the budget, rows too long for a
+    // cache, goes on in one-row tiles: no locality to lose.)
+    const int64_t budget = tileBudget();
+    const int64_t tile_rows = std::min(min_rows, rows_);
+    if (!ops.empty() && (row_bytes + more) * tile_rows > budget &&
+        row_bytes * tile_rows <= budget) {
+      return false;
+    }
     row_bytes += more;
     counted_scratch = counted_scratch || freed;
     full_bases.append(new_bases.begin(), new_bases.end());
@@ -593,6 +610,65 @@ AXON_INLINE void storeRow(const Ptr& o, int64_t r, int64_t cols, const float* v)
   }
 }
 
+// ATen's sum of a contiguous float32 row, in ATen's order (SumKernel.cpp:
+// vectorized_inner_sum -> row_sum -> multi_row_sum, a cascade over 4 levels
+// of 4 interleaved vector accumulators), lane by lane: the same additions of
+// the same values, so the same bits.  L: the lanes of the Vectorized<float>
+// the kernel runs with (8: ATen dispatches its sum kernels with AVX2 at most,
+// and its default build's vectors have 8 floats too); a row shorter than L
+// takes the scalar path (scalar_inner_sum: the same cascade on single values).
+AXON_INLINE int64_t ceilLog2(int64_t x) {
+  if (x <= 2) return 1;
+  return 64 - __builtin_clzll(static_cast<uint64_t>(x) - 1);
+}
+
+template <int L>
+float rowSumLanes(const float* x, int64_t n) {
+  constexpr int kIlp = 4, kLevels = 4;
+  const int64_t vec_size = n / L;
+  const int64_t size = vec_size / kIlp;  // multi_row_sum's rows
+  const int64_t level_power = std::max<int64_t>(4, ceilLog2(size) / kLevels);
+  const int64_t level_step = int64_t{1} << level_power;
+  const int64_t level_mask = level_step - 1;
+  float acc[kLevels][kIlp][L] = {};
+  const auto add = [&](float* a, const float* v) {
+    for (int l = 0; l < L; ++l) a[l] += v[l];
+  };
+  int64_t i = 0;
+  for (; i + level_step <= size;) {
+    for (int64_t j = 0; j < level_step; ++j, ++i)
+      for (int k = 0; k < kIlp; ++k) add(acc[0][k], x + (i * kIlp + k) * L);
+    for (int j = 1; j < kLevels; ++j) {
+      for (int k = 0; k < kIlp; ++k) {
+        add(acc[j][k], acc[j - 1][k]);
+        std::fill_n(acc[j - 1][k], L, 0.0f);
+      }
+      if ((i & (level_mask << (j * level_power))) != 0) break;
+    }
+  }
+  for (; i < size; ++i)
+    for (int k = 0; k < kIlp; ++k) add(acc[0][k], x + (i * kIlp + k) * L);
+  for (int j = 1; j < kLevels; ++j)
+    for (int k = 0; k < kIlp; ++k) add(acc[0][k], acc[j][k]);
+  // row_sum: the vectors left over, then the 4 partial sums.
+  for (int64_t v = size * kIlp; v < vec_size; ++v) add(acc[0][0], x + v * L);
+  for (int k = 1; k < kIlp; ++k) add(acc[0][0], acc[0][k]);
+  if constexpr (L == 1) {
+    return acc[0][0][0];
+  } else {
+    // vectorized_inner_sum: the scalar tail, then the lanes in order.
+    float final_acc = 0;
+    for (int64_t k = vec_size * L; k < n; ++k) final_acc += x[k];
+    for (int l = 0; l < L; ++l) final_acc += acc[0][0][l];
+    return final_acc;
+  }
+}
+
+AXON_INLINE float rowSum(const float* x, int64_t n) {
+  // The kernel's output starts at 0 and accumulates the row's sum.
+  return 0.0f + (n >= 8 ? rowSumLanes<8>(x, n) : rowSumLanes<1>(x, n));
+}
+
 // out = op(a[, b]) over rows x cols, each element in float, rounded once.
 // Compiled for AVX-512, AVX2 and the baseline (picked at load time); this
 // file is built without floating-point contraction (an FMA would round once
@@ -605,6 +681,16 @@ void runOwn(Own op, const Ptr* in, const Ptr& out, int64_t rows, int64_t cols) {
   float* bb = ba + cols;
   float* bo = bb + cols;
   const int64_t item = static_cast<int64_t>(c10::elementSize(out.dtype));
+  if (op == Own::kRowSum || op == Own::kRowMean) {
+    // float32 rows of `cols` elements to one float32 each (mean: sum_out,
+    // then div_ by the row length, as ATen's CPU mean).
+    const float n = static_cast<float>(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float sum = rowSum(reinterpret_cast<const float*>(in[0].ptr) + r * in[0].row, cols);
+      reinterpret_cast<float*>(out.ptr)[r * out.row] = op == Own::kRowSum ? sum : sum / n;
+    }
+    return;
+  }
   // Bytes, not values: a copy within one dtype, and the negation of a 16-bit
   // float (ATen flips the sign bit; through float a NaN would lose its bits).
   if ((op == Own::kCopy || (op == Own::kNeg && item == 2)) && !in[0].is_number &&
@@ -707,6 +793,8 @@ void runOwn(Own op, const Ptr* in, const Ptr& out, int64_t rows, int64_t cols) {
         for (int64_t c = 0; c < cols; ++c) o[c] = 1.0f / std::sqrt(a[c]);
         break;
       case Own::kCopy:
+      case Own::kRowSum:
+      case Own::kRowMean:
       case Own::kNone:
         break;
     }
@@ -889,7 +977,7 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
               }
             }
             st.out = ptrOf(j, q.operands.back());
-            st.cols = q.col_space ? 1 : C;
+            st.cols = q.col_space && q.own != Own::kRowSum && q.own != Own::kRowMean ? 1 : C;
             steps.push_back(st);
           }
           const int64_t block = std::max<int64_t>(1, kBlockElements / C);

@@ -182,6 +182,24 @@ def test_random_chains_bitwise(dtype, seed):
             assert torch.equal(g, e)
 
 
+@pytest.mark.parametrize("cols", [1, 7, 8, 9, 31, 64, 100, 512, 513, 2048, 4100, 70000, 2200000])
+def test_row_sums_and_means_bitwise(cols, request):
+    # The engine's own float32 row sums replay ATen's cascade; rows long enough for
+    # every level of it (2.2M: more than 4 bits per level).
+    rows = max(1, min(64, 400000 // cols))
+    g = torch.Generator().manual_seed(cols)
+    x = torch.randn(rows, cols, generator=g) * torch.logspace(-3, 3, cols).flip(0)
+
+    def program(t):
+        s = (t * 1.0).sum(-1, keepdim=True)
+        m = (t + 0.0).mean(-1, keepdim=True)
+        return s, m, (t * 2.0).mean(-1) + 1.0
+
+    # (Rows of one element are not fused; with 16 KiB tiles, long rows end runs early.)
+    l2 = request.node.callspec.params["_worker_threads"] == "l2_tiles"
+    fused_vs_op_by_op(program, [x], expect_fused=cols > 1 and l2)
+
+
 def test_fused_counts_are_observable():
     x = make((64, 32), torch.float32, seed=7)
     _, stats = fused_vs_op_by_op(lambda t: ((t + 1) * 2 - 3).neg(), [x])
