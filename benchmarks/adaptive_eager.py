@@ -36,6 +36,34 @@ def set_mode(mode: str) -> None:
     torch.axon._C._set_adaptive_eager(1 if mode == "on" else 0)
 
 
+def alternate_modes(args, cpu_fn, axon_fn, iters: int):
+    """Medians of time per call (cpu, axon off, axon on) over --repeats rounds, the axon
+    outputs of each mode, and fusion_stats() of the last "on" round."""
+    times = {"cpu": [], "off": [], "on": []}
+    outs = {}
+    for _ in range(args.repeats):
+        times["cpu"].append(C.time_per_call(cpu_fn, "cpu", iters, 3))
+        for m in MODES:
+            set_mode(m)
+            torch.axon.reset_fusion_stats()
+            times[m].append(C.time_per_call(axon_fn, "axon", iters, 3))
+            outs[m] = axon_fn().cpu()
+    return {k: C.median(v) for k, v in times.items()}, outs, torch.axon.fusion_stats()
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    view = {torch.float32: torch.int32}.get(a.dtype, torch.int16)
+    return torch.equal(a.view(view), b.view(view))
+
+
+def add_row(rows: list, name: str, shape, dtype, t: dict, outs: dict, stats: dict) -> None:
+    rows.append([name, str(list(shape)), C.dtype_name(dtype), C.fmt_time(t["cpu"]),
+                 C.fmt_time(t["off"]), C.fmt_time(t["on"]), f"{t['off'] / t['on']:.2f}x",
+                 "yes" if same_bits(outs["on"], outs["off"]) else "NO", stats["ops_fused"],
+                 f"{stats['intermediate_bytes_not_written'] / 2**20:.0f} MiB"])
+    print(rows[-1], flush=True)
+
+
 def bench_rmsnorm(args, rows: list) -> None:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
@@ -48,25 +76,10 @@ def bench_rmsnorm(args, rows: list) -> None:
         ax_mod.load_state_dict(cpu_mod.state_dict())
         x_cpu = torch.randn(shape, dtype=dtype)
         x = x_cpu.to("axon")
-        iters = 20 if args.quick else 100
-        times = {"cpu": [], "off": [], "on": []}
-        outs = {}
         with torch.no_grad():
-            for _ in range(args.repeats):
-                times["cpu"].append(C.time_per_call(lambda: cpu_mod(x_cpu), "cpu", iters, 3))
-                for m in MODES:
-                    set_mode(m)
-                    torch.axon.reset_fusion_stats()
-                    times[m].append(C.time_per_call(lambda: ax_mod(x), "axon", iters, 3))
-                    outs[m] = ax_mod(x).cpu()
-        stats = torch.axon.fusion_stats()
-        same = torch.equal(outs["on"].view(torch.int16 if dtype != torch.float32 else torch.int32),
-                           outs["off"].view(torch.int16 if dtype != torch.float32 else torch.int32))
-        off, on = C.median(times["off"]), C.median(times["on"])
-        rows.append(["LlamaRMSNorm", str(list(shape)), C.dtype_name(dtype), C.fmt_time(C.median(times["cpu"])),
-                     C.fmt_time(off), C.fmt_time(on), f"{off / on:.2f}x", "yes" if same else "NO",
-                     stats["ops_fused"], f"{stats['intermediate_bytes_not_written'] / 2**20:.0f} MiB"])
-        print(rows[-1], flush=True)
+            t, outs, stats = alternate_modes(args, lambda: cpu_mod(x_cpu), lambda: ax_mod(x),
+                                             20 if args.quick else 100)
+        add_row(rows, "LlamaRMSNorm", shape, dtype, t, outs, stats)
 
 
 def bench_chain(args, rows: list) -> None:
@@ -77,23 +90,9 @@ def bench_chain(args, rows: list) -> None:
     def chain(t):
         return ((t * 2.0) + 1.0).neg()
 
-    iters = 20 if args.quick else 100
-    times = {"cpu": [], "off": [], "on": []}
-    outs = {}
-    for _ in range(args.repeats):
-        times["cpu"].append(C.time_per_call(lambda: chain(x_cpu), "cpu", iters, 3))
-        for m in MODES:
-            set_mode(m)
-            torch.axon.reset_fusion_stats()
-            times[m].append(C.time_per_call(lambda: chain(x), "axon", iters, 3))
-            outs[m] = chain(x).cpu()
-    stats = torch.axon.fusion_stats()
-    off, on = C.median(times["off"]), C.median(times["on"])
-    rows.append(["((x * 2) + 1).neg()", str(list(shape)), "fp32", C.fmt_time(C.median(times["cpu"])),
-                 C.fmt_time(off), C.fmt_time(on), f"{off / on:.2f}x",
-                 "yes" if torch.equal(outs["on"].view(torch.int32), outs["off"].view(torch.int32)) else "NO",
-                 stats["ops_fused"], f"{stats['intermediate_bytes_not_written'] / 2**20:.0f} MiB"])
-    print(rows[-1], flush=True)
+    t, outs, stats = alternate_modes(args, lambda: chain(x_cpu), lambda: chain(x),
+                                     20 if args.quick else 100)
+    add_row(rows, "((x * 2) + 1).neg()", shape, torch.float32, t, outs, stats)
 
 
 def bench_decode(args, rows: list) -> None:

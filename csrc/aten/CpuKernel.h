@@ -427,19 +427,29 @@ class FusibleCpuKernelWork final : public Work, public Fusible {
 
 namespace at::axon {
 
+namespace cpu_kernel {
+// Signs a captured kernel's launch (Launch.h), sizes it for the thread
+// policy (KernelSelect.h) and launches it.
+template <typename W>
+void launchCaptured(c10::DeviceIndex device, const char* name, HostChecks checks,
+                    std::unique_ptr<W> work) {
+  Signature signature(checks);
+  Elements elements;
+  std::apply([&](const auto&... c) {
+    (add_signature(signature, c), ...);
+    (add_elements(elements, c), ...);
+  }, work->captured());
+  const int threads = kselect::threadsFor(name, elements.bytes, elements.largest, *work);
+  launchChecked(device, name, signature.hash, threads, std::move(work));
+}
+}  // namespace cpu_kernel
+
 // `checks`: how much of the arguments identify the launch's host-visible
 // checks (Launch.h): kMeta when the caller ran the op's complete checks.
 template <HostChecks checks = HostChecks::kFull, typename Fn, typename... Args>
 void launchCpuKernel(c10::DeviceIndex device, const char* name, Fn fn, const Args&... args) {
-  auto work = std::make_unique<cpu_kernel::CpuKernelWork<Fn, Args...>>(fn, args...);
-  Signature signature(checks);
-  cpu_kernel::Elements elements;
-  std::apply([&](const auto&... c) {
-    (cpu_kernel::add_signature(signature, c), ...);
-    (cpu_kernel::add_elements(elements, c), ...);
-  }, work->captured());
-  const int threads = kselect::threadsFor(name, elements.bytes, elements.largest, *work);
-  launchChecked(device, name, signature.hash, threads, std::move(work));
+  cpu_kernel::launchCaptured(device, name, checks,
+                             std::make_unique<cpu_kernel::CpuKernelWork<Fn, Args...>>(fn, args...));
 }
 
 // launchCpuKernel for a kernel the stream may fuse with its neighbours
@@ -457,14 +467,7 @@ void launchFusibleCpuKernel(c10::DeviceIndex device, const char* name, cpu_kerne
     work->stream = current_rt_stream(device).id;
     work->free_mark = freeLogMark(device);
   }
-  Signature signature(HostChecks::kMeta);
-  cpu_kernel::Elements elements;
-  std::apply([&](const auto&... c) {
-    (cpu_kernel::add_signature(signature, c), ...);
-    (cpu_kernel::add_elements(elements, c), ...);
-  }, work->captured());
-  const int threads = kselect::threadsFor(name, elements.bytes, elements.largest, *work);
-  launchChecked(device, name, signature.hash, threads, std::move(work));
+  cpu_kernel::launchCaptured(device, name, HostChecks::kMeta, std::move(work));
 }
 
 }  // namespace at::axon
