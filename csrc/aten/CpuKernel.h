@@ -207,18 +207,13 @@ void add_signature(Signature& s, const T& v) {
   }
 }
 
-// ---- the bytes the tensor arguments hold and the elements of the largest
-// (the thread policy's sizes: KernelSelect.h)
-struct Elements {
-  int64_t bytes = 0;    // summed over the tensors
-  int64_t largest = 0;  // elements of the largest tensor
-};
+// ---- the thread policy's size of the arguments (kselect::KernelSize)
+using Elements = kselect::KernelSize;
 inline void add_elements(Elements& n, const DeviceView& v) {
   if (!v.on_device) return;
   int64_t e = 1;
   for (int64_t s : v.sizes) e *= s;
-  n.bytes += e * static_cast<int64_t>(v.dtype.itemsize());
-  n.largest = std::max(n.largest, e);
+  n.add(e, static_cast<int64_t>(v.dtype.itemsize()));
 }
 inline void add_elements(Elements& n, const std::optional<DeviceView>& v) {
   if (v.has_value()) add_elements(n, *v);

@@ -356,19 +356,12 @@ void apply_cpu_layout(Layout layout, const torch::jit::Stack& meta_args, at::Ten
                                           std::nullopt, c10::Device(c10::kMeta), std::nullopt);
 }
 
-// The bytes of v's device tensors and the elements of the largest: the
-// thread policy's sizes (KernelSelect.h).
-struct Elements {
-  int64_t bytes = 0;
-  int64_t largest = 0;
-};
+// v's device tensors counted into the thread policy's size (KernelSelect.h).
+using Elements = kselect::KernelSize;
 void count_elements(const c10::IValue& v, Elements& n) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
-    if (t.defined() && !t.is_cpu()) {
-      n.bytes += t.numel() * static_cast<int64_t>(t.itemsize());
-      n.largest = std::max(n.largest, t.numel());
-    }
+    if (t.defined() && !t.is_cpu()) n.add(t.numel(), static_cast<int64_t>(t.itemsize()));
   } else if (v.isTensorList()) {
     for (const at::Tensor& t : v.toTensorList()) count_elements(t, n);
   } else if (v.isList()) {

@@ -55,6 +55,8 @@
 //   python -m torch_axon.tune.
 #pragma once
 
+#include <algorithm>
+
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -203,6 +205,17 @@ void launchSelectedInPlace(c10::DeviceIndex device, const char* name, const Key&
     library();
   });
 }
+
+// A kernel's size for the thread policy: the bytes its device tensors hold
+// and the elements of the largest (CpuKernel.h and GenericKernel.cpp count them).
+struct KernelSize {
+  int64_t bytes = 0;
+  int64_t largest = 0;
+  void add(int64_t numel, int64_t itemsize) {
+    bytes += numel * itemsize;
+    largest = std::max(largest, numel);
+  }
+};
 
 // The thread policy of a kernel without a selection (CpuKernel.h): the
 // threads of this launch of `name` (an interned or literal name) whose
