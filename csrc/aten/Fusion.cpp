@@ -474,10 +474,6 @@ struct Plan {
   }
 };
 
-class DropWarnings final : public c10::WarningHandler {
- public:
-  void process(const c10::Warning&) override {}
-};
 
 // One CPU storage per device storage: views of one memory share it, as
 // the op-by-op host views do (CpuKernel.h's SameViews).
@@ -909,8 +905,7 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
   }
   size_t current = 0;  // the op running (errors name it)
   try {
-    DropWarnings drop;
-    c10::WarningUtils::WarningHandlerGuard guard(&drop);
+    c10::WarningUtils::WarningHandlerGuard guard(dropWarnings());
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     setKernelThreads(1);
     Storages storages;

@@ -107,6 +107,11 @@ void releaseFinishedWork() { finished.release_if_at_least(1); }
 
 void retireWork(Work* work) { finished.push(work); }
 
+c10::WarningHandler* dropWarnings() {
+  static DropWarnings drop;
+  return &drop;
+}
+
 namespace {
 int adaptive_eager_from_env() {
   const char* v = std::getenv("AXON_ADAPTIVE_EAGER");
@@ -151,8 +156,7 @@ void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> wor
                                           : std::chrono::steady_clock::time_point();
       try {
         if (w->quiet) {
-          static DropWarnings drop;
-          c10::WarningUtils::WarningHandlerGuard guard(&drop);
+          c10::WarningUtils::WarningHandlerGuard guard(dropWarnings());
           w->run();
         } else {
           w->run();

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include <c10/core/Device.h>
+#include <c10/util/Exception.h>
 
 namespace axon::rt {
 class FusibleTask;
@@ -83,6 +84,10 @@ int kernelTeamSize();
 
 // Drops the references held by kernels that have run.
 void releaseFinishedWork();
+// A warning handler that drops warnings: kernels run asynchronously had theirs
+// raised at the call already (see launchChecked).
+c10::WarningHandler* dropWarnings();
+
 // Hands work that ran (fused, without its task) to the host for release.
 void retireWork(Work* work);
 
