@@ -198,7 +198,7 @@ def bench_generate(a, dims, dtype) -> None:
           f"{C.dtype_name(dtype)}, attention {models['cpu'].config._attn_implementation}; prompt "
           f"{a.prompt_len} tokens, {a.new_tokens} new tokens, greedy, static cache; compiled: "
           f"CompileConfig(backend='axon' | 'inductor', fullgraph=False, dynamic=False, mode={mode!r}) "
-          f"(CUDA graphs of 'reduce-overhead' exist on neither device)" + (f"; {note}" if note else ""))
+          f"('reduce-overhead' replays axon graphs on axon; the CPU has none)" + (f"; {note}" if note else ""))
     prime = prime_inductor()
     print(f"Inductor primed with a tiny compiled function on cpu and axon first: {prime:.1f} s\n", flush=True)
 

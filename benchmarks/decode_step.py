@@ -1,4 +1,5 @@
-"""One decoding step, eager vs compiled on axon: where the time goes (host or stream).
+"""One decoding step on axon, eager, graph replay, compiled, compiled + graph, compiled
+reduce-overhead: host and step time.
 
     .venv/bin/python benchmarks/decode_step.py [--batch 1] [--steps 30] [--repeats 3]
 
@@ -6,7 +7,11 @@ The model of generate.py (56.4M-parameter Llama, random init, fp32) with a Stati
 of 256 positions (reset and refilled with a 32-token prompt before each run): each step is ``model(input_ids [batch, 1], cache_position,
 past_key_values=cache)`` followed by ``logits.argmax(-1).cpu()`` (the synchronisation a
 generate loop makes), eagerly and compiled (``torch.compile(step, backend="axon",
-dynamic=False)``), interleaved --repeats times; medians. "host ms" is the time until
+dynamic=False)``), each also captured once into a ``torch.axon.AxonGraph`` and replayed
+("graph", "compiled+graph": the step's inputs are static tensors the replay reads),
+and compiled with ``mode="reduce-overhead"`` ("compiled reduce-overhead": Inductor records
+and replays the axon graph itself, copying the non-static inputs into the graph's
+buffers at each call), interleaved --repeats times; medians. "host ms" is the time until
 the step call returns (the host's work: dispatch, or the compiled wrapper's launches);
 "step ms" is the whole step to the argmax on the CPU. When host ms is well below
 step ms, the stream (the device) sets the pace and removing host work cannot help.
@@ -74,7 +79,28 @@ def main() -> None:
         t = time.perf_counter()
         compiled(ids, pos).cpu()
         print(f"first compiled step (compiles): {time.perf_counter() - t:.1f} s")
-        fns = {"eager": step, "compiled": compiled}
+        reduce_overhead = torch.compile(step, backend="axon", mode="reduce-overhead", dynamic=False)
+        t = time.perf_counter()
+        reduce_overhead(ids, pos).cpu()
+        print(f"first compiled reduce-overhead step (compiles): {time.perf_counter() - t:.1f} s")
+        def graphed(fn):
+            """The step captured once (after warm-up) and replayed: one launch per step."""
+            for _ in range(2):
+                fn(ids, pos)
+            torch.axon.synchronize()
+            g = torch.axon.AxonGraph()
+            with torch.axon.graph(g):
+                out = fn(ids, pos)
+
+            def replay(input_ids, cache_position):
+                g.replay()
+                return out
+
+            replay.graph = g
+            return replay
+
+        fns = {"eager": step, "graph": graphed(step), "compiled": compiled,
+               "compiled+graph": graphed(compiled), "compiled reduce-overhead": reduce_overhead}
         results = C.alternate(measure, args.repeats, devices=tuple(fns))
 
     rows = []
@@ -83,8 +109,12 @@ def main() -> None:
                      f"{C.median([s for _, s in runs]):.2f}"])
     C.print_table(["variant", "host ms/step", "step ms/step"], rows)
     eager = C.median([s for _, s in results["eager"]])
-    comp = C.median([s for _, s in results["compiled"]])
-    print(f"\ncompiled vs eager: {eager / comp:.2f}x (step time ratio)")
+    eager_host = C.median([h for h, _ in results["eager"]])
+    print()
+    for name in ("graph", "compiled", "compiled+graph", "compiled reduce-overhead"):
+        t = C.median([s for _, s in results[name]])
+        h = C.median([h for h, _ in results[name]])
+        print(f"{name} vs eager: {eager / t:.2f}x step time, host time {h / eager_host:.1%} of eager's")
     print(f"command: {C.command_line()}")
 
 

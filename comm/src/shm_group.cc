@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "axon/comm.h"
+#include "axon/runtime.h"
 
 namespace axon::comm {
 
@@ -585,19 +586,10 @@ char* ShmGroup::map_peer(int r, int fd, uint64_t id, size_t size) {
     it->second.last_used = cur_;
     return static_cast<char*>(it->second.addr);
   }
-  std::string path = "/proc/" + std::to_string(ctl_[r].pid) + "/fd/" + std::to_string(fd);
-  int local = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (local < 0) return nullptr;
-  struct stat st;
-  if (fstat(local, &st) != 0 || static_cast<size_t>(st.st_size) < size) {
-    close(local);  // not (or no longer) the buffer the peer published
-    return nullptr;
-  }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, local, 0);
-  if (p == MAP_FAILED) {
-    close(local);
-    return nullptr;
-  }
+  // nullptr: not (or no longer) the buffer the peer published.
+  int local = -1;
+  void* p = axon::rt::map_process_memory(ctl_[r].pid, fd, size, /*inode=*/0, &local, nullptr);
+  if (p == nullptr) return nullptr;
   peer_maps_.emplace(key, PeerMap{p, size, local, cur_});
   peer_map_bytes_ += size;
   return static_cast<char*>(p);

@@ -14,6 +14,7 @@
 
 #include "../core/AxonGenerator.h"
 #include "../core/AxonRuntime.h"
+#include "../core/SyncDebug.h"
 #include "HostView.h"
 #include "OpDevice.h"
 
@@ -134,6 +135,7 @@ class Fallback {
     check_no_quantized_dtype(schema_, *stack_);
     c10::DeviceGuard guard(c10::Device(kAxon, device_));
     syncCurrentStream(device_);
+    warnOrErrorOnFallbackSync(schema_.operator_name());
     for (size_t i = 0; i < num_args; ++i) {
       note_written((*stack_)[begin + i], schema_.arguments()[i]);
     }

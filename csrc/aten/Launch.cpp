@@ -1,6 +1,7 @@
 // Launching stream work with host-side checks (Launch.h): signatures, the
 // synchronous first run of each, host warnings; device allocation helpers.
 #include "Launch.h"
+#include "../core/AxonGraph.h"
 
 #include <atomic>
 #include <cmath>
@@ -74,6 +75,12 @@ void launchChecked(c10::DeviceIndex device, const char* name, uint64_t signature
   if (verified) {
     last_key = key;
     has_last_key = true;
+    work->quiet = true;
+    return launch(device, name, std::move(work), threads);
+  }
+  if (currentStreamCapturing(device)) {
+    // A graph capture runs nothing: the CPU kernel's own checks run at the
+    // replay, whose errors are asynchronous (as a CUDA kernel's in a graph).
     work->quiet = true;
     return launch(device, name, std::move(work), threads);
   }

@@ -1,5 +1,6 @@
 #include "AxonGenerator.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -8,6 +9,10 @@
 #include <c10/util/CallOnce.h>
 
 #include "AxonRuntime.h"
+#include "AxonStream.h"
+
+#include <atomic>
+#include <unordered_map>
 
 #include <ATen/ops/empty.h>
 
@@ -94,6 +99,107 @@ uint64_t splitmix64(uint64_t x) {
 }
 }  // namespace
 
+namespace {
+// Captures that registered a GraphRng, by (device, capturing stream).
+std::atomic<int> capture_rngs{0};
+std::mutex capture_rng_mu;
+std::unordered_map<int64_t, GraphRng*>& captureRngMap() {
+  static auto* m = new std::unordered_map<int64_t, GraphRng*>();
+  return *m;
+}
+int64_t rngKey(c10::DeviceIndex device, c10::StreamId stream) {
+  return static_cast<int64_t>(device) * 4096 + stream;
+}
+
+// The capture the current stream of `device` records into, if it registered
+// one.  A stream that joined a capture (fork) uses the device's capture when
+// there is just one.
+GraphRng* currentCaptureRng(c10::DeviceIndex device) {
+  if (capture_rngs.load(std::memory_order_acquire) == 0) return nullptr;
+  const rt::Stream s = current_rt_stream(device);
+  if (!rt_call([&] { return rt::stream_is_capturing(s); })) return nullptr;
+  std::lock_guard<std::mutex> lock(capture_rng_mu);
+  auto& m = captureRngMap();
+  auto it = m.find(rngKey(device, s.id));
+  if (it != m.end()) return it->second;
+  GraphRng* only = nullptr;
+  for (auto& [key, rng] : m) {
+    if (key / 4096 != device) continue;
+    if (only != nullptr) return nullptr;
+    only = rng;
+  }
+  return only;
+}
+}  // namespace
+
+void setCaptureRng(c10::DeviceIndex device, c10::StreamId stream, GraphRng* rng) {
+  std::lock_guard<std::mutex> lock(capture_rng_mu);
+  auto& m = captureRngMap();
+  if (rng != nullptr) {
+    if (m.emplace(rngKey(device, stream), rng).second) capture_rngs.fetch_add(1);
+  } else if (m.erase(rngKey(device, stream)) != 0) {
+    capture_rngs.fetch_sub(1);
+  }
+}
+
+void checkRawRngNotCaptured(c10::DeviceIndex device, const char* op) {
+  if (capture_rngs.load(std::memory_order_acquire) == 0) return;
+  const rt::Stream s = current_rt_stream(device);
+  TORCH_CHECK(!rt_call([&] { return rt::stream_is_capturing(s); }), op,
+              " with dropout cannot be captured in an axon graph yet (its random numbers "
+              "would repeat at every replay); capture it with dropout_p=0, or run it eagerly");
+}
+
+at::Generator GraphRng::cpuGenerator(const at::Generator& axon_gen) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t relative = 0;
+  for (const Entry& e : entries_)
+    if (e.axon == axon_gen) ++relative;
+  at::Generator cpu = at::make_generator<at::CPUGeneratorImpl>(0);
+  entries_.push_back(Entry{axon_gen, cpu, relative});
+  return cpu;
+}
+
+bool GraphRng::empty() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.empty();
+}
+
+std::function<void()> GraphRng::prepareReplay() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (entries_.empty()) return {};
+  // Each axon generator once, in order of first use: its range for this replay.
+  std::vector<std::pair<at::Generator, std::pair<uint64_t, uint64_t>>> ranges;
+  for (const Entry& e : entries_) {
+    auto it = std::find_if(ranges.begin(), ranges.end(),
+                           [&](const auto& r) { return r.first == e.axon; });
+    if (it == ranges.end()) ranges.push_back({e.axon, {0, 0}});
+  }
+  for (auto& [gen, range] : ranges) {
+    uint64_t count = 0;
+    for (const Entry& e : entries_)
+      if (e.axon == gen) ++count;
+    std::lock_guard<std::mutex> glock(gen.mutex());
+    range = gen.get<AxonGeneratorImpl>()->reserve(count);
+  }
+  std::vector<std::pair<at::Generator, uint64_t>> seeds;
+  seeds.reserve(entries_.size());
+  for (const Entry& e : entries_) {
+    for (const auto& [gen, range] : ranges) {
+      if (gen == e.axon) {
+        seeds.emplace_back(e.cpu, splitmix64(range.first ^ splitmix64(range.second + e.relative)));
+        break;
+      }
+    }
+  }
+  return [seeds = std::move(seeds)]() mutable {
+    for (auto& [cpu, seed] : seeds) {
+      std::lock_guard<std::mutex> glock(cpu.mutex());
+      cpu.get<at::CPUGeneratorImpl>()->set_current_seed(seed);
+    }
+  };
+}
+
 at::Generator cpuGeneratorFor(const std::optional<at::Generator>& gen,
                               c10::DeviceIndex device) {
   at::Generator g = gen.has_value() && gen->defined()
@@ -102,6 +208,7 @@ at::Generator cpuGeneratorFor(const std::optional<at::Generator>& gen,
   TORCH_CHECK(g.device().type() == kAxon,
               "Expected a 'axon' device type for generator but found '",
               g.device().type(), "'");
+  if (GraphRng* rng = currentCaptureRng(device)) return rng->cpuGenerator(g);
   uint64_t seed, offset;
   {
     std::lock_guard<std::mutex> lock(g.mutex());

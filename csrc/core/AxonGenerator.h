@@ -6,6 +6,11 @@
 
 #include <ATen/core/Generator.h>
 #include <c10/core/GeneratorImpl.h>
+#include <c10/core/Stream.h>
+
+#include <functional>
+#include <mutex>
+#include <vector>
 
 namespace at::axon {
 
@@ -41,5 +46,36 @@ at::Generator createAxonGenerator(c10::DeviceIndex device = -1);
 // CPU fallback runs a random op reproducibly on axon.
 at::Generator cpuGeneratorFor(const std::optional<at::Generator>& gen,
                               c10::DeviceIndex device);
+
+// Graph capture (core/AxonGraph.cpp).  A random op captured in a graph must
+// draw new numbers at each replay, exactly those it would draw if it ran
+// eagerly at that point: while a graph captures on a stream, cpuGeneratorFor
+// on that stream hands out a CPU generator the graph owns and numbers its
+// use within the capture; each replay reserves, from each axon generator the
+// capture used, as many counter values as the capture took, and reseeds the
+// CPU generators on the stream before the graph's work runs.
+class GraphRng {
+ public:
+  at::Generator cpuGenerator(const at::Generator& axon_gen);
+  // On the host at replay: reserves the counter ranges now and returns the
+  // reseeding to run on the stream ahead of the graph (empty if the capture
+  // drew no random numbers).
+  std::function<void()> prepareReplay();
+  bool empty();
+
+ private:
+  struct Entry {
+    at::Generator axon;
+    at::Generator cpu;
+    uint64_t relative;  // counter value within the capture
+  };
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+};
+// Registers (rng != nullptr) or removes the capture of `stream`.
+void setCaptureRng(c10::DeviceIndex device, c10::StreamId stream, GraphRng* rng);
+// Raw counter ranges (the attention kernels' dropout) cannot be replayed yet:
+// raises a clear error when the current stream of `device` captures.
+void checkRawRngNotCaptured(c10::DeviceIndex device, const char* op);
 
 }  // namespace at::axon

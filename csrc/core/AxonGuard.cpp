@@ -6,6 +6,7 @@
 #include "AxonRuntime.h"
 #include "AxonStream.h"
 #include "CachingAllocator.h"
+#include "SyncDebug.h"
 
 namespace at::axon {
 namespace {
@@ -132,6 +133,7 @@ struct AxonGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   void synchronizeStream(const c10::Stream& stream) const override {
+    warnOrErrorOnSync();
     rt_call([&] { rt::stream_synchronize(to_rt(stream)); });
     releaseFinishedWork();
   }

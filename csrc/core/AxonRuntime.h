@@ -26,7 +26,10 @@ auto rt_call(F&& fn) -> decltype(fn()) {
     // start "axon process group"): DistBackendError, as when it fails inline.
     TORCH_CHECK_WITH(DistBackendError, std::string(e.what()).find(": axon process group") ==
                                            std::string::npos, e.what());
-    TORCH_CHECK(false, e.what());
+    // A kernel's failure: torch.AcceleratorError (a RuntimeError), as CUDA's
+    // asynchronous errors.  The code is CUDA's cudaErrorLaunchFailure.
+    throw c10::AcceleratorError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, 719,
+                                e.what());
   } catch (const rt::Error& e) {
     TORCH_CHECK(false, e.what());
   }

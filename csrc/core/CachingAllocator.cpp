@@ -2,11 +2,16 @@
 #include "StreamWork.h"
 
 #include <atomic>
+#include <chrono>
 #include <deque>
+#include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cstdio>
@@ -20,7 +25,12 @@ namespace {
 using c10::CachingAllocator::Stat;
 using c10::CachingAllocator::StatArray;
 using c10::CachingAllocator::StatType;
+using c10::CachingDeviceAllocator::BlockInfo;
 using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::RecordContext;
+using c10::CachingDeviceAllocator::SegmentInfo;
+using c10::CachingDeviceAllocator::TraceEntry;
+using Context = std::shared_ptr<c10::GatheredContext>;
 
 constexpr size_t kMinBlockSize = 512;       // every size is a multiple of this
 constexpr size_t kSmallSize = 1 << 20;      // largest "small" request
@@ -30,14 +40,26 @@ constexpr size_t kMinLargeAlloc = 10 << 20; // below this, use kLargeBuffer
 constexpr size_t kRoundLarge = 2 << 20;     // large segments round up to this
 
 struct Block;
+struct PrivatePool;
 
 struct BlockPool {
   struct Order {
     bool operator()(const Block* a, const Block* b) const;
   };
-  explicit BlockPool(bool small) : is_small(small) {}
+  explicit BlockPool(bool small, PrivatePool* owner = nullptr) : is_small(small), owner(owner) {}
   std::set<Block*, Order> blocks;
   const bool is_small;
+  PrivatePool* const owner;  // null for the device's shared pools
+};
+
+// A MemPool's or graph's memory: its own segments, which only allocations
+// routed to it use (CUDA's PrivatePool).
+struct PrivatePool {
+  explicit PrivatePool(c10::MempoolId_t id) : id(id), small(true, this), large(false, this) {}
+  const c10::MempoolId_t id;
+  int use_count = 1;      // owners (graphs, MemPools, use_mem_pool scopes)
+  int64_t segments = 0;   // runtime allocations it holds
+  BlockPool small, large;
 };
 
 struct Block {
@@ -52,6 +74,8 @@ struct Block {
   Block* prev = nullptr;   // neighbours inside the same segment
   Block* next = nullptr;
   std::set<c10::StreamId> stream_uses;  // record_stream()
+  Context context;          // where it was allocated (memory history)
+  Context segment_context;  // first block of a segment: where the segment was made
 
   Block(c10::DeviceIndex d, c10::StreamId s, size_t sz, BlockPool* p, char* ptr)
       : device(d), stream(s), size(sz), pool(p), ptr(ptr) {}
@@ -91,6 +115,31 @@ std::string format_size(uint64_t bytes) {
   }
   return buf;
 }
+
+// Memory history settings (recordHistory).  g_history is the only thing the
+// allocation path reads when history is off.
+enum HistoryBits : int { kTrace = 1 };
+std::atomic<int> g_history{0};                 // kTrace | context << 1
+std::atomic<size_t> g_trace_max{0};
+std::atomic<unsigned> g_trace_skip{0};  // 1 << TraceEntry::Action: not recorded
+std::atomic<c10::CachingDeviceAllocator::CreateContextFn> g_gather{nullptr};
+
+RecordContext history_context(int h) { return static_cast<RecordContext>(h >> 1); }
+
+// h: g_history, loaded once per allocation or free.
+Context gather_context(int h, RecordContext at_least) {
+  if (h == 0 || history_context(h) < at_least) return nullptr;
+  auto gather = g_gather.load(std::memory_order_acquire);
+  return gather != nullptr ? gather() : nullptr;
+}
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void* stream_tag(c10::StreamId s) { return reinterpret_cast<void*>(static_cast<intptr_t>(s)); }
 
 // The free log (see freedAt in the header): a ring the host writes under
 // the device's mutex and workers read without a lock, each entry guarded by
@@ -151,20 +200,39 @@ class FreeLog {
 class DeviceCache {
  public:
   explicit DeviceCache(c10::DeviceIndex device)
-      : device_(device), small_(true), large_(false) {}
+      : device_(device), small_(true), large_(false) {
+    stats_.max_split_size = -1;  // CUDA's "no limit": any large block may split
+  }
 
-  Block* malloc(size_t orig_size, c10::StreamId stream) {
+  // Null only when !last_try and the device refused the memory even after
+  // the cache was released (the caller then releases finished work's
+  // references and tries once more: only that last try raises).
+  Block* malloc(size_t orig_size, c10::StreamId stream, int h, Context context, bool last_try) {
     std::unique_lock<std::mutex> lock(mutex_);
     process_events();
     size_t size = round_size(orig_size);
-    BlockPool& pool = size <= kSmallSize ? small_ : large_;
+    PrivatePool* priv = nullptr;
+    for (auto& [id, filter] : captures_) {
+      if (filter(stream)) {
+        priv = pools_.at(id).get();
+        break;
+      }
+    }
+    BlockPool& pool = priv != nullptr ? (size <= kSmallSize ? priv->small : priv->large)
+                                      : (size <= kSmallSize ? small_ : large_);
     Block* block = find_free(pool, stream, size);
     if (block == nullptr) {
-      block = new_segment(pool, stream, size, orig_size, lock);
+      block = new_segment(pool, stream, size, orig_size, h, context, last_try, lock);
+      if (block == nullptr) return nullptr;
     }
     block = maybe_split(block, size);
     block->allocated = true;
     block->requested = orig_size;
+    if (h != 0) {
+      block->context = history_context(h) >= RecordContext::STATE ? context : nullptr;
+      record(h, TraceEntry::ALLOC, block->ptr, orig_size, stream, pool,
+             history_context(h) >= RecordContext::ALLOC ? context : nullptr);
+    }
     for_pool(pool, [&](StatType t) {
       stats_.allocation[idx(t)].increase(1);
       stats_.allocated_bytes[idx(t)].increase(block->size);
@@ -175,10 +243,15 @@ class DeviceCache {
     return block;
   }
 
-  void free(Block* block) {
+  void free(Block* block, int h, const Context& context) {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_INTERNAL_ASSERT(block->allocated, "axon: freeing a block that is not allocated");
     block->allocated = false;
+    block->context.reset();
+    if (h != 0) {
+      record(h, TraceEntry::FREE_REQUESTED, block->ptr, block->requested, block->stream,
+             *block->pool, context);
+    }
     for_pool(*block->pool, [&](StatType t) {
       stats_.allocation[idx(t)].decrease(1);
       stats_.allocated_bytes[idx(t)].decrease(block->size);
@@ -186,17 +259,19 @@ class DeviceCache {
     });
     if (!block->stream_uses.empty()) {
       // Other streams may still read or write it: reuse after their work.
-      for (c10::StreamId s : block->stream_uses) {
-        rt::Event* ev = rt::event_create(device_);
-        rt::event_record(ev, rt::Stream{device_, s});
-        pending_.emplace_back(ev, block);
+      if (rt::device_is_capturing(device_)) {
+        // An event recorded on a capturing stream would join the graph, and
+        // querying it would invalidate the capture: wait for the capture's
+        // end (CUDA defers such frees the same way).
         ++block->pending_events;
+        deferred_.push_back(block);
+        return;
       }
-      block->stream_uses.clear();
+      insert_events(block);
       return;
     }
     log_free(block);
-    release_to_pool(block);
+    released(release_to_pool(block, h));
   }
 
   const FreeLog& free_log() const { return free_log_; }
@@ -223,6 +298,127 @@ class DeviceCache {
     release_cached();
   }
 
+  // ---- private pools
+
+  void begin_allocate_to_pool(c10::MempoolId_t id, std::function<bool(c10::StreamId)> filter) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& c : captures_) {
+      TORCH_CHECK(c.first != id, "beginAllocateToPool: already recording to mempool_id (",
+                  id.first, ", ", id.second, ")");
+    }
+    create_or_incref(id);
+    captures_.emplace_back(id, std::move(filter));
+  }
+
+  void end_allocate_to_pool(c10::MempoolId_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = captures_.begin(); it != captures_.end(); ++it) {
+      if (it->first == id) {
+        captures_.erase(it);
+        return;
+      }
+    }
+    TORCH_CHECK(false, "endAllocateToPool: allocations are not routed to mempool_id (", id.first,
+                ", ", id.second, ")");
+  }
+
+  void retain_pool(c10::MempoolId_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    create_or_incref(id);
+  }
+
+  void release_pool(c10::MempoolId_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pools_.find(id);
+    TORCH_CHECK(it != pools_.end() && it->second->use_count > 0,
+                "releasePool: no live memory pool with id (", id.first, ", ", id.second, ")");
+    PrivatePool* pool = it->second.get();
+    if (pool->use_count == 1) {
+      for (auto& c : captures_) {
+        TORCH_CHECK(c.first != id, "releasePool: allocations are still routed to mempool_id (",
+                    id.first, ", ", id.second, "); call endAllocateToPool first");
+      }
+    }
+    if (--pool->use_count > 0) return;
+    // Free what is free now; the rest goes when its last block does.
+    std::vector<Block*> whole;
+    for (BlockPool* bp : {&pool->small, &pool->large}) {
+      for (Block* b : bp->blocks) {
+        if (!b->is_split()) whole.push_back(b);
+      }
+    }
+    for (Block* b : whole) free_segment_when_idle(b);
+    maybe_erase(pool);
+  }
+
+  int use_count(c10::MempoolId_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pools_.find(id);
+    return it == pools_.end() ? 0 : it->second->use_count;
+  }
+
+  // ---- memory fraction
+
+  void set_fraction(double fraction, size_t total) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fraction_ = fraction;
+    allowed_ = fraction >= 1.0 ? std::numeric_limits<size_t>::max()
+                               : static_cast<size_t>(fraction * static_cast<double>(total));
+  }
+
+  double fraction() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return fraction_;
+  }
+
+  // ---- history and snapshots
+
+  void clear_trace() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    trace_.clear();
+    trace_next_ = 0;
+  }
+
+  void snapshot(std::optional<c10::MempoolId_t> only, bool include_traces, Snapshot& out) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Block* head : segments_) {
+      const c10::MempoolId_t id = pool_id(*head->pool);
+      if (only && id != *only) continue;
+      SegmentInfo seg;
+      seg.device = device_;
+      seg.address = reinterpret_cast<size_t>(head->ptr);
+      seg.stream = stream_tag(head->stream);
+      seg.is_large = !head->pool->is_small;
+      seg.owner_private_pool_id = id;
+      seg.context_when_allocated = head->segment_context;
+      for (Block* b = head; b != nullptr; b = b->next) {
+        BlockInfo info;
+        info.size = b->size;
+        info.requested_size = b->allocated ? b->requested : 0;
+        info.allocated = b->allocated;
+        info.active = b->allocated || b->pending_events > 0;
+        info.context_when_allocated = b->context;
+        seg.total_size += b->size;
+        if (info.allocated) {
+          seg.allocated_size += b->size;
+          seg.requested_size += b->requested;
+        }
+        if (info.active) seg.active_size += b->size;
+        seg.blocks.push_back(std::move(info));
+      }
+      out.segments.push_back(std::move(seg));
+    }
+    if (!include_traces) return;
+    if (out.device_traces.size() <= static_cast<size_t>(device_)) {
+      out.device_traces.resize(device_ + 1);
+    }
+    auto& t = out.device_traces[device_];
+    // The ring's oldest entry first.
+    for (size_t i = 0; i < trace_.size(); ++i) {
+      t.push_back(trace_[(trace_next_ + i) % trace_.size()]);
+    }
+  }
+
   DeviceStats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     return stats_;
@@ -235,6 +431,7 @@ class DeviceCache {
     stats_.num_ooms = 0;
     stats_.num_device_alloc = 0;
     stats_.num_device_free = 0;
+    stats_.num_sync_all_streams = 0;
   }
 
   void reset_peak() {
@@ -281,8 +478,103 @@ class DeviceCache {
     return block;
   }
 
+  static c10::MempoolId_t pool_id(const BlockPool& pool) {
+    return pool.owner != nullptr ? pool.owner->id : c10::MempoolId_t{0, 0};
+  }
+
+  // Appends to the device's event ring (history on: h != 0).
+  void record(int h, TraceEntry::Action action, const void* addr, size_t size,
+              c10::StreamId stream, const BlockPool& pool, Context context) {
+    if ((h & kTrace) == 0) return;
+    if ((g_trace_skip.load(std::memory_order_relaxed) >> static_cast<unsigned>(action)) & 1u) {
+      return;
+    }
+    const size_t max = g_trace_max.load(std::memory_order_relaxed);
+    if (max == 0) return;
+    TraceEntry e(action, device_, reinterpret_cast<size_t>(addr), size, stream_tag(stream),
+                 pool_id(pool), now_us(), std::move(context));
+    if (trace_.size() < max) {
+      trace_.push_back(std::move(e));
+      trace_next_ = 0;  // the ring starts at 0 until it is full
+    } else {
+      trace_[trace_next_ % trace_.size()] = std::move(e);
+      trace_next_ = (trace_next_ + 1) % trace_.size();
+    }
+  }
+
+  void create_or_incref(c10::MempoolId_t id) {
+    TORCH_CHECK(id != c10::MempoolId_t(0, 0), "axon: (0, 0) is not a private pool's id");
+    auto it = pools_.find(id);
+    if (it == pools_.end()) {
+      pools_.emplace(id, std::make_unique<PrivatePool>(id));
+    } else {
+      // Revives a released pool whose segments are not all gone yet.
+      ++it->second->use_count;
+    }
+  }
+
+  // A released pool with no segments left is forgotten.
+  void maybe_erase(PrivatePool* pool) {
+    if (pool->use_count == 0 && pool->segments == 0) pools_.erase(pool->id);
+  }
+
+  // A block just became free (merged with its free neighbours): a released
+  // pool's segment goes back to the runtime once it is wholly free.
+  void released(Block* block) {
+    PrivatePool* owner = block->pool->owner;
+    if (owner == nullptr || owner->use_count > 0 || block->is_split()) return;
+    free_segment_when_idle(block);
+    maybe_erase(owner);
+  }
+
+  // Frees a whole free segment once the work queued on its stream has run
+  // (the stream's last users of it are before that point).  A capture in
+  // progress forbids querying; the segment then waits in its pool for the
+  // next release_cached.
+  void free_segment_when_idle(Block* block) {
+    if (rt::device_is_capturing(device_)) return;
+    const rt::Stream s{device_, block->stream};
+    bool idle = false;
+    rt::Event* ev = nullptr;
+    try {
+      idle = rt::stream_query(s);
+      if (!idle) {
+        ev = rt::event_create(device_);
+        rt::event_record(ev, s);
+      }
+    } catch (...) {
+      if (ev != nullptr) rt::event_destroy(ev);
+      return;  // errors stay for the user; release_cached frees it later
+    }
+    remove_free(block);
+    if (idle) {
+      free_segment(block, nullptr);
+    } else {
+      doomed_.emplace_back(ev, block);
+    }
+  }
+
+  // Returns a wholly free segment (not in a free set any more) to the runtime.
+  void free_segment(Block* block, const Context& context) {
+    const int h = g_history.load(std::memory_order_relaxed);
+    if (h != 0) {
+      record(h, TraceEntry::SEGMENT_FREE, block->ptr, block->size, block->stream, *block->pool,
+             context);
+    }
+    rt::free(block->ptr);
+    stats_.num_device_free += 1;
+    for_pool(*block->pool, [&](StatType t) {
+      stats_.segment[idx(t)].decrease(1);
+      stats_.reserved_bytes[idx(t)].decrease(block->size);
+    });
+    if (PrivatePool* owner = block->pool->owner) --owner->segments;
+    segments_.erase(block);
+    delete block;
+  }
+
   Block* new_segment(BlockPool& pool, c10::StreamId stream, size_t size,
-                     size_t orig_size, std::unique_lock<std::mutex>& lock) {
+                     size_t orig_size, int h, const Context& context, bool last_try,
+                     std::unique_lock<std::mutex>& lock) {
     size_t alloc = segment_size(size);
     void* ptr = try_device_malloc(alloc);
     if (ptr == nullptr && alloc != size) {
@@ -291,24 +583,41 @@ class DeviceCache {
     }
     if (ptr == nullptr) {
       // Give the cache back to the device and try once more.
-      stats_.num_alloc_retries += 1;
+      if (!last_try) stats_.num_alloc_retries += 1;
       drain_events();
       release_cached();
       ptr = try_device_malloc(alloc);
     }
     if (ptr == nullptr) {
+      if (!last_try) return nullptr;
       stats_.num_ooms += 1;
-      raise_oom(orig_size, lock);
+      raise_oom(orig_size, stream, pool, h, lock);
     }
     stats_.num_device_alloc += 1;
     for_pool(pool, [&](StatType t) {
       stats_.segment[idx(t)].increase(1);
       stats_.reserved_bytes[idx(t)].increase(alloc);
     });
-    return new Block(device_, stream, alloc, &pool, static_cast<char*>(ptr));
+    auto* block = new Block(device_, stream, alloc, &pool, static_cast<char*>(ptr));
+    if (pool.owner != nullptr) ++pool.owner->segments;
+    segments_.insert(block);
+    if (h != 0) {
+      if (history_context(h) >= RecordContext::STATE) block->segment_context = context;
+      record(h, TraceEntry::SEGMENT_ALLOC, ptr, alloc, stream, pool,
+             history_context(h) >= RecordContext::ALLOC ? context : nullptr);
+    }
+    return block;
   }
 
   void* try_device_malloc(size_t bytes) {
+    over_fraction_ = false;
+    if (allowed_ != std::numeric_limits<size_t>::max() &&
+        (bytes > allowed_ ||
+         static_cast<size_t>(stats_.reserved_bytes[0].current) > allowed_ - bytes)) {
+      over_fraction_ = true;  // set_per_process_memory_fraction's limit
+      host_oom_.clear();
+      return nullptr;
+    }
     try {
       void* p = rt::malloc(device_, bytes);
       host_oom_.clear();
@@ -321,10 +630,32 @@ class DeviceCache {
     }
   }
 
-  [[noreturn]] void raise_oom(size_t requested, std::unique_lock<std::mutex>& lock) {
+  [[noreturn]] void raise_oom(size_t requested, c10::StreamId stream, const BlockPool& pool,
+                              int h, std::unique_lock<std::mutex>& lock) {
     auto info = rt::mem_get_info(device_);
+    if (h != 0) {
+      // CUDA's oom entry: addr is the memory the device still reports free.
+      record(h, TraceEntry::OOM, reinterpret_cast<const void*>(info.free), requested, stream,
+             pool, nullptr);
+    }
     int64_t allocated = stats_.allocated_bytes[0].current;
     int64_t reserved = stats_.reserved_bytes[0].current;
+    // Memory allocated in private pools (MemPool, graphs), told apart as CUDA does.
+    int64_t in_pools = 0;
+    for (Block* head : segments_) {
+      if (head->pool->owner == nullptr) continue;
+      for (Block* b = head; b != nullptr; b = b->next) {
+        if (b->allocated) in_pools += static_cast<int64_t>(b->size);
+      }
+    }
+    const std::string pools_msg =
+        in_pools > 0 ? "with " + format_size(in_pools) + " allocated in private pools (e.g., graphs), "
+                     : "";
+    std::ostringstream allowed_msg;
+    if (over_fraction_) {
+      allowed_msg << format_size(allowed_) << " allowed (per-process memory fraction "
+                  << fraction_ << "); ";
+    }
     const std::string host_oom = std::move(host_oom_);
     host_oom_.clear();
     lock.unlock();
@@ -335,7 +666,7 @@ class DeviceCache {
           "axon out of memory. Tried to allocate ", format_size(requested), " on axon:",
           static_cast<int>(device_), ", but the host ran out of memory (", host_oom,
           "). Of the allocated memory ", format_size(allocated),
-          " is allocated by PyTorch, and ", format_size(reserved - allocated),
+          " is allocated by PyTorch, ", pools_msg, "and ", format_size(reserved - allocated),
           " is reserved by PyTorch but unallocated. Free tensors on any axon device (and call "
           "torch.axon.empty_cache()), or lower AXON_DEVICE_MEMORY.");
     }
@@ -344,8 +675,8 @@ class DeviceCache {
         "axon out of memory. Tried to allocate ", format_size(requested),
         ". axon:", static_cast<int>(device_), " has a total capacity of ",
         format_size(info.total), " of which ", format_size(info.free),
-        " is free. Of the allocated memory ", format_size(allocated),
-        " is allocated by PyTorch, and ", format_size(reserved - allocated),
+        " is free. ", allowed_msg.str(), "Of the allocated memory ", format_size(allocated),
+        " is allocated by PyTorch, ", pools_msg, "and ", format_size(reserved - allocated),
         " is reserved by PyTorch but unallocated. Free tensors (and call "
         "torch.axon.empty_cache()) to make room.");
   }
@@ -366,8 +697,13 @@ class DeviceCache {
     return block;
   }
 
-  // A block nobody uses any more: merge with free neighbours, back to the pool.
-  void release_to_pool(Block* block) {
+  // A block nobody uses any more: merge with free neighbours, back to the
+  // pool.  Returns the merged free block.
+  Block* release_to_pool(Block* block, int h) {
+    if (h != 0) {
+      record(h, TraceEntry::FREE_COMPLETED, block->ptr, block->requested, block->stream,
+             *block->pool, nullptr);
+    }
     for_pool(*block->pool, [&](StatType t) {
       stats_.active[idx(t)].decrease(1);
       stats_.active_bytes[idx(t)].decrease(block->size);
@@ -389,6 +725,7 @@ class DeviceCache {
       }
     }
     insert_free(block);
+    return block;
   }
 
   void insert_free(Block* block) {
@@ -411,32 +748,88 @@ class DeviceCache {
     }
   }
 
-  // Frees blocks whose record_stream events have completed.
+  void insert_events(Block* block) {
+    for (c10::StreamId s : block->stream_uses) {
+      rt::Event* ev = rt::event_create(device_);
+      rt::event_record(ev, rt::Stream{device_, s});
+      pending_.emplace_back(ev, block);
+      ++block->pending_events;
+    }
+    block->stream_uses.clear();
+  }
+
+  // Frees deferred during a capture get their events once no capture runs.
+  void insert_deferred_events() {
+    if (deferred_.empty() || rt::device_is_capturing(device_)) return;
+    for (Block* block : deferred_) {
+      --block->pending_events;
+      insert_events(block);
+    }
+    deferred_.clear();
+  }
+
+  // Frees blocks whose record_stream events have completed, and released
+  // pools' segments whose last work has run.
   void process_events() {
+    insert_deferred_events();
     while (!pending_.empty()) {
       auto [ev, block] = pending_.front();
       if (!rt::event_query(ev)) break;
       pending_.pop_front();
       rt::event_destroy(ev);
-      if (--block->pending_events == 0) release_to_pool(block);
+      if (--block->pending_events == 0) {
+        released(release_to_pool(block, g_history.load(std::memory_order_relaxed)));
+      }
+    }
+    while (!doomed_.empty()) {
+      auto [ev, block] = doomed_.front();
+      if (!rt::event_query(ev)) break;
+      doomed_.pop_front();
+      rt::event_destroy(ev);
+      PrivatePool* owner = block->pool->owner;
+      free_segment(block, nullptr);
+      maybe_erase(owner);
     }
   }
 
+  // CUDA's synchronize_and_free_events.
   void drain_events() {
+    stats_.num_sync_all_streams += 1;
+    insert_deferred_events();
     for (auto& [ev, block] : pending_) {
       rt::event_wait(ev);  // the user's errors stay pending for the user
       rt::event_destroy(ev);
-      if (--block->pending_events == 0) release_to_pool(block);
+      if (--block->pending_events == 0) {
+        released(release_to_pool(block, g_history.load(std::memory_order_relaxed)));
+      }
     }
     pending_.clear();
+    for (auto& [ev, block] : doomed_) {
+      rt::event_wait(ev);
+      rt::event_destroy(ev);
+      PrivatePool* owner = block->pool->owner;
+      free_segment(block, nullptr);
+      maybe_erase(owner);
+    }
+    doomed_.clear();
   }
 
-  // Returns every whole free segment to the runtime.
+  // Returns every whole free segment of the shared pools and of released
+  // private pools to the runtime (a live private pool keeps its cache, as
+  // CUDA's graph pools do).
   void release_cached() {
     // Work already enqueued may still touch freed blocks; the runtime may only
     // reclaim memory nobody uses.
     rt::device_wait(device_);  // errors stay pending for the user's next synchronize
-    for (BlockPool* pool : {&small_, &large_}) {
+    std::vector<BlockPool*> pools{&small_, &large_};
+    std::vector<PrivatePool*> released_pools;
+    for (auto& [id, p] : pools_) {
+      if (p->use_count > 0) continue;
+      pools.push_back(&p->small);
+      pools.push_back(&p->large);
+      released_pools.push_back(p.get());
+    }
+    for (BlockPool* pool : pools) {
       for (auto it = pool->blocks.begin(); it != pool->blocks.end();) {
         Block* block = *it;
         if (block->is_split()) {
@@ -444,15 +837,10 @@ class DeviceCache {
           continue;
         }
         it = pool->blocks.erase(it);
-        rt::free(block->ptr);
-        stats_.num_device_free += 1;
-        for_pool(*pool, [&](StatType t) {
-          stats_.segment[idx(t)].decrease(1);
-          stats_.reserved_bytes[idx(t)].decrease(block->size);
-        });
-        delete block;
+        free_segment(block, nullptr);
       }
     }
+    for (PrivatePool* p : released_pools) maybe_erase(p);
   }
 
   const c10::DeviceIndex device_;
@@ -460,7 +848,22 @@ class DeviceCache {
   std::mutex mutex_;
   BlockPool small_, large_;
   std::deque<std::pair<rt::Event*, Block*>> pending_;
+  std::vector<Block*> deferred_;  // freed with stream uses during a capture
+  // Released pools' free segments waiting for their stream's last work.
+  std::deque<std::pair<rt::Event*, Block*>> doomed_;
   std::string host_oom_;  // the runtime's message when the host refused memory
+  bool over_fraction_ = false;  // the last refusal was the memory fraction's
+  double fraction_ = 1.0;
+  size_t allowed_ = std::numeric_limits<size_t>::max();
+  std::map<c10::MempoolId_t, std::unique_ptr<PrivatePool>> pools_;
+  // Routings to private pools, first match wins (beginAllocateToPool).
+  std::vector<std::pair<c10::MempoolId_t, std::function<bool(c10::StreamId)>>> captures_;
+  struct ByAddress {
+    bool operator()(const Block* a, const Block* b) const { return a->ptr < b->ptr; }
+  };
+  std::set<Block*, ByAddress> segments_;  // the first block of each segment
+  std::vector<TraceEntry> trace_;  // a ring once full; trace_next_ is the oldest
+  size_t trace_next_ = 0;
   DeviceStats stats_;
 };
 
@@ -473,14 +876,15 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
       return c10::DataPtr(nullptr, dev);
     }
     c10::StreamId stream = getCurrentAxonStream(device).id();
-    Block* block = nullptr;
-    try {
-      block = cache(device).malloc(nbytes, stream);
-    } catch (const c10::OutOfMemoryError&) {
+    // History off: this load is all it costs.
+    const int h = g_history.load(std::memory_order_relaxed);
+    Context context = gather_context(h, RecordContext::STATE);
+    Block* block = cache(device).malloc(nbytes, stream, h, context, /*last_try=*/false);
+    if (block == nullptr) {
       // Kernels that have run may still hold the last references to memory.
       rt_call([&] { rt::device_wait(device); });  // errors stay pending for the user
       releaseFinishedWork();
-      block = cache(device).malloc(nbytes, stream);
+      block = cache(device).malloc(nbytes, stream, h, context, /*last_try=*/true);
     }
     // The context is the block: freeing it needs no lookup.
     return c10::DataPtr(block->ptr, block, &deleter, dev);
@@ -559,14 +963,18 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
  private:
   static void deleter(void* ctx) {
     auto* block = static_cast<Block*>(ctx);
-    instance().cache(block->device).free(block);
+    const int h = g_history.load(std::memory_order_relaxed);
+    instance().cache(block->device).free(block, h, gather_context(h, RecordContext::ALL));
   }
 
+ public:
   DeviceCache* existing(c10::DeviceIndex device) {
     return caches_[device].load(std::memory_order_acquire);
   }
 
   static constexpr int kMaxDevices = 128;
+
+ private:
   std::mutex create_mutex_;
   std::atomic<DeviceCache*> caches_[kMaxDevices] = {};
 };
@@ -600,6 +1008,74 @@ uint64_t freeLogMark(c10::DeviceIndex device) {
 std::optional<uint64_t> freedAt(c10::DeviceIndex device, c10::StreamId stream, const void* ptr,
                                 uint64_t mark) {
   return AxonCachingAllocator::instance().cache(device).free_log().find(stream, ptr, mark);
+}
+
+c10::MempoolId_t newPoolId(bool for_graph) {
+  static std::atomic<c10::CaptureId_t> uid{1};
+  const c10::CaptureId_t id = uid.fetch_add(1);
+  return for_graph ? c10::MempoolId_t{id, 0} : c10::MempoolId_t{0, id};
+}
+
+namespace {
+DeviceCache& cache_of(c10::DeviceIndex device) {
+  return AxonCachingAllocator::instance().cache(device);
+}
+}  // namespace
+
+void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool,
+                         std::function<bool(c10::StreamId)> filter) {
+  cache_of(device).begin_allocate_to_pool(pool, std::move(filter));
+}
+
+void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+  cache_of(device).end_allocate_to_pool(pool);
+}
+
+void retainPool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+  cache_of(device).retain_pool(pool);
+}
+
+void releasePool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+  cache_of(device).release_pool(pool);
+}
+
+int poolUseCount(c10::DeviceIndex device, c10::MempoolId_t pool) {
+  return cache_of(device).use_count(pool);
+}
+
+void setMemoryFraction(c10::DeviceIndex device, double fraction) {
+  TORCH_CHECK(fraction >= 0 && fraction <= 1, "invalid fraction:", fraction,
+              ". Please set within [0, 1].");
+  auto info = rt_call([&] { return rt::mem_get_info(device); });
+  cache_of(device).set_fraction(fraction, info.total);
+}
+
+double getMemoryFraction(c10::DeviceIndex device) { return cache_of(device).fraction(); }
+
+void recordHistory(bool trace, RecordContext context,
+                   c10::CachingDeviceAllocator::CreateContextFn gather, size_t max_entries,
+                   bool clear, unsigned skip) {
+  auto& a = AxonCachingAllocator::instance();
+  g_gather.store(gather, std::memory_order_release);
+  g_trace_max.store(trace ? max_entries : 0, std::memory_order_relaxed);
+  g_trace_skip.store(skip, std::memory_order_relaxed);
+  const int h = (trace ? kTrace : 0) | (static_cast<int>(context) << 1);
+  g_history.store(h, std::memory_order_release);
+  if (clear || !trace) {
+    for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+      if (auto* c = a.existing(d)) c->clear_trace();
+    }
+  }
+}
+
+Snapshot snapshot(std::optional<c10::MempoolId_t> pool, bool include_traces) {
+  auto& a = AxonCachingAllocator::instance();
+  Snapshot out;
+  if (include_traces) out.device_traces.resize(device_count());
+  for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+    if (auto* c = a.existing(d)) c->snapshot(pool, include_traces, out);
+  }
+  return out;
 }
 
 }  // namespace at::axon

@@ -136,6 +136,23 @@ void setAdaptiveEager(int mode) { adaptive_eager_override.store(mode < 0 ? -1 : 
 void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> work, int threads) {
   finished.release_if_at_least(kReleaseBatch);
   rt::Stream s = current_rt_stream(device);
+  if (rt::device_is_capturing(device) && rt_call([&] { return rt::stream_is_capturing(s); })) {
+    // A graph's task runs once per replay: it shares the work (released
+    // with the graph, on the host) and never retires it.
+    std::shared_ptr<Work> shared(work.release());
+    rt_call([&] {
+      rt::launch(s, name, [shared, threads] {
+        setKernelThreads(threads);
+        try {
+          c10::WarningUtils::WarningHandlerGuard guard(dropWarnings());
+          shared->run();
+        } catch (const c10::Error& e) {
+          throw std::runtime_error(e.what_without_backtrace());
+        }
+      });
+    });
+    return;
+  }
   // The stream's task holds a plain pointer and an int, which std::function
   // stores without another allocation; the work object itself moves to
   // `finished` once it has run.  (Work a stream drops at process exit, or a

@@ -10,15 +10,20 @@
 #include "../core/StreamWork.h"
 #include "Inductor.h"
 #include "../distributed/Bindings.h"
+#include "../profiler/Profiler.h"
 #include "../aten/Fallback.h"
 #include "../aten/Fusion.h"
 #include "../aten/KernelSelect.h"
 #include "../aten/Kernels.h"
 #include "../aten/Registry.h"
 #include "../core/AxonGenerator.h"
+#include "../core/AxonGraph.h"
+#include "../core/AxonIpc.h"
+#include "../core/SyncDebug.h"
 #include "../core/AxonRuntime.h"
 #include "../core/AxonStream.h"
 #include "../core/CachingAllocator.h"
+#include "../core/MemoryHistory.h"
 
 #include <axon/env.h>
 
@@ -89,6 +94,11 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release no_gil;
     rt_call([&] { rt::device_synchronize(d); });
     releaseFinishedWork();
+  });
+  // Graphs (core/AxonGraph.h): torch.accelerator.Graph / torch.axon.AxonGraph.
+  m.def("_register_graph_impl", [] { registerGraphImpl(); });
+  m.def("_is_current_stream_capturing", [](int d) {
+    return currentStreamCapturing(static_cast<c10::DeviceIndex>(d));
   });
   m.def("_get_device_properties", &device_properties);
   m.def("_launch_blocking", [] { return rt::launch_blocking(); });
@@ -184,6 +194,53 @@ PYBIND11_MODULE(_C, m) {
   m.def("_test_event_wait", [](uintptr_t event) {
     if (event != 0) rt_call([&] { rt::event_wait(reinterpret_cast<rt::Event*>(event)); });
   }, py::call_guard<py::gil_scoped_release>());
+  // Sharing storages between processes (core/AxonIpc.h; torch.multiprocessing
+  // through torch_axon/integrations/torch_multiprocessing.py).  A handle is
+  // (device, pid, fd, id, inode, alloc_size, offset, nbytes, counter_fd,
+  // counter_inode, counter_slot).
+  m.def("_ipc_share", [](const at::Tensor& t) {
+    const ipc::Handle h = [&] {
+      py::gil_scoped_release no_gil;
+      return ipc::share(*t.storage().unsafeGetStorageImpl());
+    }();
+    return py::make_tuple(h.device, h.pid, h.fd, h.id, h.inode, h.alloc_size, h.offset, h.nbytes,
+                          h.counter_fd, h.counter_inode, h.counter_slot);
+  });
+  m.def("_ipc_open", [](const py::tuple& t) {
+    TORCH_CHECK(t.size() == 11, "axon IPC: a handle has 11 fields, got ", t.size());
+    ipc::Handle h;
+    h.device = t[0].cast<int>();
+    h.pid = t[1].cast<int>();
+    h.fd = t[2].cast<int>();
+    h.id = t[3].cast<uint64_t>();
+    h.inode = t[4].cast<uint64_t>();
+    h.alloc_size = t[5].cast<size_t>();
+    h.offset = t[6].cast<size_t>();
+    h.nbytes = t[7].cast<size_t>();
+    h.counter_fd = t[8].cast<int>();
+    h.counter_inode = t[9].cast<uint64_t>();
+    h.counter_slot = t[10].cast<size_t>();
+    // A uint8 tensor over the storage; Python takes its untyped_storage().
+    c10::Storage storage = ipc::open(h);
+    const auto n = static_cast<int64_t>(h.nbytes);
+    return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
+        .set_(storage, 0, {n}, {1});
+  });
+  m.def("_ipc_release_counter", [](int pid, int fd, uint64_t inode, size_t slot) {
+    ipc::releaseCounter(pid, fd, inode, slot);
+  });
+  m.def("_ipc_collect", [] { return ipc::collect(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("_ipc_sent_stats", [] {
+    const ipc::SentStats s = ipc::sentStats();
+    return std::make_pair(s.live, s.limbo);
+  });
+  // torch.axon.set_sync_debug_mode / get_sync_debug_mode (core/SyncDebug.h).
+  m.def("_set_sync_debug_mode", [](int mode) { setSyncDebugMode(mode); });
+  m.def("_get_sync_debug_mode", [] { return syncDebugMode(); });
+  // Memory tools (core/MemoryHistory.h): MemPool, use_mem_pool, history and
+  // snapshots, set_per_process_memory_fraction, host_memory_stats.
+  bindMemoryTools(m);
   initInductorBindings(m);
   initDistributedBindings(m);
+  at::axon::profiler::initProfilerBindings(m);
 }

@@ -2,6 +2,7 @@
 
 #include "axon/runtime.h"
 #include "device.h"
+#include "graph.h"
 #include "memory.h"
 
 namespace axon::rt {
@@ -16,7 +17,16 @@ void memcpy(void* dst, const void* src, size_t n, Stream s) {
                          is_pinned_range(src, n, "memcpy source");
 
   // memmove: a device-to-device copy within one allocation may overlap.
-  const uint64_t seq = st.enqueue("memcpy", [=] { std::memmove(dst, src, n); });
+  std::function<void()> fn = [=] { std::memmove(dst, src, n); };
+  if (auto c = active_capture(s)) {
+    if (!dst_async || !src_async) {
+      capture_violation(c, std::string("a copy ") + (src_async ? "to" : "from") +
+                               " pageable host memory (a synchronising copy; pin the host "
+                               "memory to capture it)");
+    }
+    if (capture_task(s, "memcpy", fn)) return;
+  }
+  const uint64_t seq = st.enqueue("memcpy", std::move(fn));
 
   if (dst_async && src_async && !launch_blocking()) {
     // No-ops for device memory; lets host_free wait for this copy.

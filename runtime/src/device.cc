@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config.h"
+#include "graph.h"
 
 namespace axon::rt {
 namespace {
@@ -131,6 +132,7 @@ void device_wait(int d) {
 
 void device_synchronize(int d) {
   check_device(d);
+  check_device_not_capturing(d, "device_synchronize");
   Device* dev = created_device(d);
   if (dev == nullptr) return;
   for (auto& s : dev->streams) s->wait_all();

@@ -5,11 +5,14 @@
 #include <atomic>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 
 #include "axon/runtime.h"
 #include "stream_state.h"
 
 namespace axon::rt {
+
+struct Capture;  // graph.h
 
 constexpr int kStreamsPerDevice = 1 + 2 * kStreamPoolSize + kDedicatedStreams;
 
@@ -23,6 +26,11 @@ struct Device {
   std::atomic<uint32_t> next_dedicated{0};
   // Every stream exists up front (cheap); only its worker thread is lazy.
   std::array<std::unique_ptr<StreamState>, kStreamsPerDevice> streams;
+  // Captures in progress (graph.cc): how many streams capture, and the
+  // capture each stream records into (guarded by capture_mu).
+  std::atomic<int> capturing{0};
+  std::mutex capture_mu;
+  std::array<std::shared_ptr<Capture>, kStreamsPerDevice> captures;
 };
 
 // Validates the index; creates the device's state on first use.

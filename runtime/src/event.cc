@@ -4,6 +4,7 @@
 
 #include "axon/runtime.h"
 #include "device.h"
+#include "graph.h"
 
 namespace axon::rt {
 
@@ -21,6 +22,12 @@ class Event {
     // The failures pending on the stream when the marker ran: the event
     // carries them to streams that wait on it and to event_synchronize.
     FailureList failures;
+    // Recorded during a capture (graph.h): no marker was enqueued; a stream
+    // that waits for it joins the capture.  The position is the capture's
+    // task count at the record, on stream id capture_stream.
+    std::shared_ptr<Capture> capture;
+    int64_t capture_stream = 0;
+    size_t capture_pos = 0;
 
     bool complete() const { return stream->completed() >= seq; }
   };
@@ -64,6 +71,17 @@ void event_record(Event* e, Stream s) {
   }
   auto rec = std::make_shared<Event::Record>();
   rec->stream = &st;
+  if (auto c = active_capture(s)) {
+    rec->capture = c;
+    rec->capture_stream = s.id;
+    {
+      std::lock_guard clk(c->mu);
+      rec->capture_pos = c->tasks.size();
+    }
+    std::lock_guard lk(ev.mu);
+    ev.last = std::move(rec);
+    return;
+  }
   // The marker writes only stamp/stamped, never seq, so setting seq after
   // enqueue (before publishing rec) does not race with it.
   rec->seq = st.enqueue("event_record", [rec, &st] {
@@ -78,6 +96,15 @@ void event_record(Event* e, Stream s) {
 void stream_wait_event(Stream s, Event* e) {
   StreamState& st = stream_state(s);
   auto rec = checked(e).latest();
+  if (rec && rec->capture) {
+    capture_wait(s, rec->capture, rec->capture_stream, rec->capture_pos);
+    return;
+  }
+  if (rec && !rec->complete() && rec->stream != &st) {
+    if (auto c = active_capture(s)) {
+      capture_violation(c, "a capturing stream waits for an event recorded outside the capture");
+    }
+  }
   // Same stream: already ordered (and its failures are already pending here).
   if (!rec || rec->stream == &st) return;
   // Complete: nothing to wait for, but its failures reach s at once.
@@ -91,13 +118,30 @@ void stream_wait_event(Stream s, Event* e) {
   });
 }
 
+namespace {
+void check_not_captured(const std::shared_ptr<Event::Record>& rec, const char* what) {
+  if (rec && rec->capture) {
+    bool ended;
+    {
+      std::lock_guard lk(rec->capture->mu);
+      ended = rec->capture->ended;
+    }
+    if (!ended) capture_violation(rec->capture, std::string(what) + " of an event recorded in the capture");
+    throw Error(std::string("axon error: ") + what +
+                " of an event recorded during a graph capture (it marks no work outside the graph)");
+  }
+}
+}  // namespace
+
 bool event_query(Event* e) {
   auto rec = checked(e).latest();
+  check_not_captured(rec, "event_query");
   return !rec || rec->complete();
 }
 
 void event_synchronize(Event* e) {
   auto rec = checked(e).latest();
+  check_not_captured(rec, "event_synchronize");
   if (!rec) return;
   rec->stream->wait(rec->seq);
   std::vector<PendingFailure> failures;
@@ -111,12 +155,14 @@ void event_synchronize(Event* e) {
 
 void event_wait(Event* e) {
   auto rec = checked(e).latest();
-  if (rec) rec->stream->wait(rec->seq);
+  if (rec && !rec->capture) rec->stream->wait(rec->seq);
 }
 
 double event_elapsed_ms(Event* start, Event* end) {
   auto a = checked(start).latest();
   auto b = checked(end).latest();
+  check_not_captured(a, "event_elapsed_ms");
+  check_not_captured(b, "event_elapsed_ms");
   const auto done = [](const auto& r) { return r && r->complete() && r->stamped; };
   if (!done(a) || !done(b)) {
     throw Error("Both events must be recorded and completed before calculating elapsed time");

@@ -1,5 +1,7 @@
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,9 +24,21 @@ namespace {
 
 struct Allocation {
   int device;
-  int fd;        // memfd, or -1 for private memory
+  int fd;          // memfd, or -1 for private memory
   uint64_t id;
+  uint64_t inode;  // the memfd's (0 for private memory)
+  bool imported;   // mapped from another process (memory_import)
 };
+
+uint64_t next_allocation_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t inode_of(int fd) {
+  struct stat st;
+  return fd >= 0 && fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
 
 // Never destroyed (usable from static destructors).
 RangeRegistry<Allocation>& allocations() {
@@ -174,7 +188,6 @@ void* malloc(int d, size_t bytes) {
     }
   }
 
-  static std::atomic<uint64_t> next_id{1};
   int fd = -1;
   std::string why;
   void* p = shareable() ? map_shared(size, &fd, &why) : nullptr;
@@ -187,12 +200,22 @@ void* malloc(int d, size_t bytes) {
     throw host_out_of_memory(d, bytes, now, dev.capacity,
                              "the host refused " + format_bytes(size) + " (" + why + ")");
   }
-  allocations().insert(p, size, Allocation{d, fd, next_id.fetch_add(1)});
+  allocations().insert(p, size, Allocation{d, fd, next_allocation_id(), inode_of(fd), false});
   return p;
 }
 
 void free(void* ptr) {
   if (ptr == nullptr) return;
+  bool imported = false;
+  allocations().with(ptr, [&](auto& e) {
+    imported = e.payload.imported && e.base == reinterpret_cast<uintptr_t>(ptr);
+  });
+  if (imported) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "axon: free of %p, device memory mapped from another process "
+                  "(memory_import): release it with memory_close", ptr);
+    throw Error(buf);
+  }
   auto e = allocations().erase(ptr);
   if (!e) {
     char buf[128];
@@ -244,9 +267,79 @@ bool memory_export(const void* ptr, MemoryExport* out) noexcept {
     out->id = e.payload.id;
     out->size = e.size;
     out->offset = reinterpret_cast<uintptr_t>(ptr) - e.base;
+    out->inode = e.payload.inode;
     ok = true;
   });
   return ok;
+}
+
+void* map_process_memory(int pid, int fd, size_t size, uint64_t inode, int* local_fd,
+                         std::string* why) {
+  const auto fail = [&](const std::string& what) -> void* {
+    if (why != nullptr) *why = what;
+    return nullptr;
+  };
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  const int local = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (local < 0) return fail("cannot open " + path + ": " + std::strerror(errno));
+  struct stat st;
+  std::string bad;
+  if (fstat(local, &st) != 0) {
+    bad = std::string("fstat: ") + std::strerror(errno);
+  } else if (inode != 0 && static_cast<uint64_t>(st.st_ino) != inode) {
+    bad = path + " is no longer the exported memory";
+  } else if (static_cast<size_t>(st.st_size) < size) {
+    bad = "the exported memory was freed (" + std::to_string(st.st_size) + " of " +
+          std::to_string(size) + " bytes left)";
+  }
+  void* p = nullptr;
+  if (bad.empty()) {
+    p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, local, 0);
+    if (p == MAP_FAILED) bad = std::string("mmap: ") + std::strerror(errno);
+  }
+  if (!bad.empty()) {
+    close(local);
+    return fail(bad);
+  }
+  *local_fd = local;
+  return p;
+}
+
+void* memory_import(int d, int pid, const MemoryExport& ex) {
+  check_device(d);
+  if (ex.size == 0 || ex.offset >= ex.size) {
+    throw Error("axon: memory_import of an empty range (offset " + std::to_string(ex.offset) +
+                " of " + std::to_string(ex.size) + " bytes)");
+  }
+  int fd = -1;
+  std::string why;
+  void* base = map_process_memory(pid, ex.fd, ex.size, ex.inode, &fd, &why);
+  if (base == nullptr) {
+    throw Error("axon: cannot map the device memory process " + std::to_string(pid) +
+                " shared (is it still running?): " + why);
+  }
+  allocations().insert(base, ex.size,
+                       Allocation{d, fd, next_allocation_id(), inode_of(fd), true});
+  return static_cast<char*>(base) + ex.offset;
+}
+
+void memory_close(void* ptr) {
+  uintptr_t base = 0;
+  bool imported = false;
+  allocations().with(ptr, [&](auto& e) {
+    base = e.base;
+    imported = e.payload.imported;
+  });
+  if (!imported) {
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "axon: memory_close of %p, which memory_import did not return",
+                  ptr);
+    throw Error(buf);
+  }
+  auto e = allocations().erase(reinterpret_cast<void*>(base));
+  if (!e) return;  // closed concurrently
+  munmap(reinterpret_cast<void*>(e->base), e->size);
+  close(e->payload.fd);
 }
 
 bool is_device_range(const void* p, size_t n, const char* what) {

@@ -107,6 +107,39 @@ TEST(Memory, AllocationsCanBeMappedByAnotherProcess) {
   EXPECT_FALSE(memory_export(&stack, &ex));
 }
 
+TEST(Memory, ImportMapsAnExportedAllocationAsDeviceMemory) {
+  AXON_REQUIRE_DEFAULT_ENV();
+  const size_t n = 1 << 20;
+  char* p = static_cast<char*>(malloc(0, n));
+  MemoryExport ex;
+  ASSERT_TRUE(memory_export(p + 256, &ex));
+  EXPECT_NE(ex.inode, 0u);
+  // Another process would pass the exporter's pid; this one maps itself.
+  char* q = static_cast<char*>(memory_import(1, getpid(), ex));
+  EXPECT_NE(q, p + 256);                // a mapping of its own ...
+  q[0] = 5;
+  EXPECT_EQ(p[256], 5);                 // ... of the same pages
+  EXPECT_EQ(pointer_device(q), 1);      // device memory of the importing side's device
+  EXPECT_EQ(pointer_device(q - 256), 1);
+  MemoryExport again;
+  ASSERT_TRUE(memory_export(q, &again));  // can be passed on
+  EXPECT_EQ(again.inode, ex.inode);
+  EXPECT_EQ(again.offset, 256u);
+  EXPECT_EQ(mem_get_info(1).free, mem_get_info(1).total);  // not charged to device 1
+  EXPECT_THROW(free(q - 256), Error);   // imported memory is closed, not freed
+  EXPECT_THROW(memory_close(p), Error); // and own memory freed, not closed
+  memory_close(q);
+  EXPECT_EQ(pointer_device(q), -1);
+  EXPECT_EQ(p[256], 5);                 // the exporter's allocation is untouched
+
+  MemoryExport stale = ex;
+  stale.inode += 1;                     // not that memfd (any more)
+  EXPECT_THROW(memory_import(1, getpid(), stale), Error);
+  EXPECT_THROW(memory_import(99, getpid(), ex), InvalidDeviceError);
+  free(p);
+  EXPECT_THROW(memory_import(1, getpid(), ex), Error);  // gone
+}
+
 TEST(Memory, FreeOfForeignPointerThrows) {
   int x = 0;
   EXPECT_THROW(free(&x), Error);

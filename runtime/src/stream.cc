@@ -1,5 +1,6 @@
 #include "axon/runtime.h"
 #include "device.h"
+#include "graph.h"
 
 namespace axon::rt {
 
@@ -41,6 +42,7 @@ int stream_priority(Stream s) {
 void launch(Stream s, const char* name, std::function<void()> fn) {
   StreamState& st = stream_state(s);
   if (!fn) throw Error("axon: launch of an empty function on axon:" + std::to_string(s.device));
+  if (capture_task(s, name, fn)) return;
   const uint64_t seq = st.enqueue(name, std::move(fn));
   if (launch_blocking()) {
     st.wait(seq);
@@ -51,6 +53,7 @@ void launch(Stream s, const char* name, std::function<void()> fn) {
 void launch(Stream s, const char* name, std::function<void()> fn, FusibleTask* fusible) {
   StreamState& st = stream_state(s);
   if (!fn) throw Error("axon: launch of an empty function on axon:" + std::to_string(s.device));
+  if (capture_task(s, name, fn)) return;  // a graph's tasks run one by one
   // Launch-blocking runs op by op: nothing is ever queued behind a task.
   const bool blocking = launch_blocking();
   const uint64_t seq = st.enqueue(name, std::move(fn), blocking ? nullptr : fusible);
@@ -62,11 +65,16 @@ void launch(Stream s, const char* name, std::function<void()> fn, FusibleTask* f
 
 void stream_synchronize(Stream s) {
   StreamState& st = stream_state(s);
+  if (auto c = active_capture(s)) capture_violation(c, "stream_synchronize");
   st.wait_all();
   st.throw_pending_error();
 }
 
-bool stream_query(Stream s) { return stream_state(s).idle(); }
+bool stream_query(Stream s) {
+  StreamState& st = stream_state(s);
+  if (auto c = active_capture(s)) capture_violation(c, "stream_query");
+  return st.idle();
+}
 
 uint64_t stream_launched(Stream s) { return stream_state(s).launched(); }
 

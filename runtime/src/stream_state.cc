@@ -123,7 +123,7 @@ uint64_t StreamState::enqueue(const char* name, std::function<void()> fn,
     }
   }
   const uint64_t seq = ++enqueued_;
-  queue_.push_back(Task{seq, name, std::move(fn), fusible});
+  queue_.push_back(Task{seq, name, std::move(fn), fusible, launch_stamp()});
   posted_.store(seq, std::memory_order_release);
   const bool wake = sleeping_;
   lk.unlock();
@@ -160,7 +160,7 @@ void StreamState::run() {
       continue;
     }
     lk.unlock();
-    std::string error = execute(task.name, task.fn);
+    std::string error = execute_task(task);
     // Captures may own runtime resources (buffers, events); release them
     // before relocking so their destructors can call back into the runtime.
     task.fn = nullptr;
@@ -201,13 +201,13 @@ bool StreamState::run_fused(Task& first, std::unique_lock<std::mutex>& lk) {
     tags[i] = run[i].fusible;
     seqs[i] = run[i].seq;
   }
-  FusionResult result = hook(tags, seqs, run.size());
+  FusionResult result = fuse_timed(hook, run, tags, seqs);
   size_t ran = result.ran >= 2 && result.ran <= run.size() ? result.ran : 0;
   std::string error;
   size_t failed = 0;
   if (ran == 0) {
     // The first alone, as usual; the rest go back to the queue's head.
-    error = execute(run[0].name, run[0].fn);
+    error = execute_task(run[0]);
     ran = 1;
   } else if (!result.error.empty()) {
     failed = std::min(result.failed, ran - 1);

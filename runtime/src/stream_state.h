@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "axon/runtime.h"
+#include "profile.h"
 
 namespace axon::rt {
 
@@ -107,6 +108,7 @@ class StreamState {
     const char* name;
     std::function<void()> fn;
     FusibleTask* fusible = nullptr;
+    LaunchStamp launch;  // profiler: the launching host op (profile.h)
   };
 
   void run();
@@ -114,6 +116,11 @@ class StreamState {
   // queued after it through the fusion hook, if it takes them.
   bool run_fused(Task& first, std::unique_lock<std::mutex>& lk);
   std::string execute(const char* name, std::function<void()>& fn) noexcept;
+  // Profiling (profile.cc): execute() timed, counted as busy and, while
+  // recording, recorded; and the fusion hook's call, likewise.
+  std::string execute_task(Task& task) noexcept;
+  FusionResult fuse_timed(FusionHook hook, std::vector<Task>& run, FusibleTask* const* tags,
+                          const uint64_t* seqs) noexcept;
   void finish_locked(uint64_t seq, std::string error);
 
   const int device_;
@@ -136,6 +143,9 @@ class StreamState {
   // neither side a context switch.
   bool sleeping_ = false;
   std::atomic<uint64_t> posted_{0};  // enqueued_, readable without the lock
+  // Worker only (profile.cc): the stream counts as busy for its device's
+  // utilization from its first task until it runs out of queued work.
+  bool busy_ = false;
 };
 
 }  // namespace axon::rt

@@ -528,7 +528,7 @@ def test_backends(backend):
 
     assert "axon" in torch._dynamo.list_backends()
     kw = {"axon": dict(backend="axon"), "default": {},
-          # Transformers' default mode: CUDA graphs are dropped on axon
+          # Transformers' default mode (its graphs: test_reduce_overhead.py)
           "axon_mode": dict(backend="axon", mode="reduce-overhead")}[backend]
     x, w = make((4, 8), torch.float32, seed=32), make((8, 8), torch.float32, seed=33)
     cf = torch.compile(backend_fn, fullgraph=True, **kw)

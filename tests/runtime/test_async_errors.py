@@ -314,3 +314,16 @@ def test_query_while_work_runs_is_false_and_raises_nothing():
     assert gate.query() in (True, False) and s.query() in (True, False)
     s.synchronize()
     assert gate.query() is True and s.query() is True
+
+
+def test_kernel_failure_is_an_accelerator_error():
+    """As CUDA's: an asynchronous device error is torch.AcceleratorError (a
+    RuntimeError, torch.axon.AcceleratorError too), raised once."""
+    x = torch.randn(4, 3, device="axon")
+    failing_index_select(x)
+    with pytest.raises(torch.AcceleratorError, match="index_select") as e:
+        torch.axon.synchronize()
+    assert torch.axon.AcceleratorError is torch.AcceleratorError
+    assert isinstance(e.value, RuntimeError)
+    torch.axon.synchronize()  # reported once
+    torch.testing.assert_close((x + 1).cpu(), x.cpu() + 1)

@@ -1,13 +1,11 @@
 """Issue 15, items 5-7: configuration values that used to be accepted and then
 wrong, device memory the host cannot back, and two error messages."""
 
-import multiprocessing.reduction
 import os
 import re
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from conftest import TESTS_DIR, run_python
 
@@ -205,30 +203,3 @@ def test_record_stream_on_a_cpu_stream_says_so():
         "record_stream: expected an axon stream, but got a cpu stream; an axon tensor can "
         "only be recorded on an axon stream"), str(e.value)
     x.record_stream(torch.axon.Stream())  # an axon stream is fine
-
-
-def _child(t):
-    pass
-
-
-SHARE = "Cannot share an axon tensor with another process"
-
-
-@pytest.mark.parametrize("what", ["tensor", "view", "parameter", "storage"])
-def test_pickling_an_axon_tensor_for_another_process_says_move_it_to_cpu(what):
-    t = torch.arange(6.0, device="axon")
-    obj = {"tensor": t, "view": t[2:].view(2, 2), "parameter": torch.nn.Parameter(t),
-           "storage": t.untyped_storage()}[what]
-    with pytest.raises(RuntimeError, match=SHARE) as e:
-        multiprocessing.reduction.ForkingPickler.dumps(obj)
-    assert "Move axon tensors to the CPU to share them (tensor.cpu())" in str(e.value)
-    # CPU tensors are shared as before.
-    multiprocessing.reduction.ForkingPickler.dumps(t.cpu())
-
-
-def test_spawning_a_process_with_an_axon_tensor_says_move_it_to_cpu():
-    p = mp.get_context("spawn").Process(target=_child, args=(torch.ones(2, device="axon"),))
-    with pytest.raises(RuntimeError, match=SHARE):
-        p.start()
-    if p._popen is not None:
-        p.join(30)

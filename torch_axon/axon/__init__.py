@@ -7,9 +7,13 @@ Registered as ``torch.axon`` when torch_axon loads (automatically, through the
 from .. import _C
 from .device import *  # noqa: F401,F403
 from .device import _get_device_index, _is_in_bad_fork, _lazy_init  # noqa: F401
+from .ipc import *  # noqa: F401,F403
+from .sync_debug import *  # noqa: F401,F403
+from .cuda_compat import *  # noqa: F401,F403
 from .memory import *  # noqa: F401,F403
 from .random import *  # noqa: F401,F403
 from .streams import *  # noqa: F401,F403
+from .graphs import *  # noqa: F401,F403
 
 # Set as torch.cuda's is once initialised; torch.utils.checkpoint reads it to
 # decide whether to save and restore the device's RNG state.

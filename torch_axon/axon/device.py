@@ -10,11 +10,16 @@ import torch
 from .. import _C
 
 __all__ = [
+    "AcceleratorError",
     "is_available", "is_initialized", "init", "device_count", "current_device",
     "set_device", "device", "device_of", "synchronize", "get_device_name",
     "get_device_properties", "get_device_capability", "is_bf16_supported",
-    "get_amp_supported_dtype",
+    "get_amp_supported_dtype", "utilization",
 ]
+
+# torch.cuda.AcceleratorError is torch.AcceleratorError; so is axon's: the
+# error an asynchronous kernel failure raises at the next synchronising call.
+AcceleratorError = torch.AcceleratorError
 
 _DeviceLike = Any  # int, str, torch.device or None
 
@@ -148,3 +153,22 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 def get_amp_supported_dtype() -> list[torch.dtype]:
     """Dtypes torch.autocast accepts for device_type='axon'."""
     return [torch.float16, torch.bfloat16]
+
+
+def utilization(device: _DeviceLike = None) -> int:
+    r"""Return the percent of time over the past sample period during which one or
+    more streams of the device were running work (kernels, copies, collectives),
+    as :func:`torch.cuda.utilization` does for "one or more kernels executing".
+
+    The sample period is the last second (``torch_axon._C._utilization_period_ms()``).
+    The runtime always counts each device's busy time (cheaply, with the coarse
+    monotonic clock: a few ms resolution, unbiased over many tasks); a device used
+    for less than a second reports over the time since its first task.  A stream
+    waiting for another (an event it waits on) is not busy.
+
+    Args:
+        device (torch.device or int, optional): selected device. Returns
+            statistic for the current device, given by :func:`current_device`,
+            if :attr:`device` is ``None`` (default).
+    """
+    return _C._utilization(_get_device_index(device, optional=True))

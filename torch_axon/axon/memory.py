@@ -1,20 +1,39 @@
-"""Memory: the torch.cuda memory API over axon's caching allocator."""
+"""Memory: the torch.cuda memory API over axon's caching allocator.
+
+Besides the statistics: private memory pools (``MemPool``, ``use_mem_pool``,
+``graph_pool_handle``; graphs allocate from them), memory history and
+snapshots in CUDA's format (``_record_memory_history``, ``_snapshot``,
+``_dump_snapshot``, ``memory_snapshot``: torch/cuda/_memory_viz.py renders
+them), the per-process memory fraction, and pinned host memory statistics.
+The allocator is csrc/core/CachingAllocator.cpp; the bindings are
+csrc/core/MemoryHistory.cpp.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import pickle
+import sys
 from collections import OrderedDict
 from typing import Any
 
 import torch
 
-from .device import _get_device_index
+from .. import _C
+from .device import _get_device_index, current_device
 
 __all__ = [
-    "empty_cache", "memory_stats", "memory_allocated", "max_memory_allocated",
-    "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
-    "reset_accumulated_memory_stats", "reset_max_memory_allocated", "mem_get_info",
-    "memory_summary",
+    "empty_cache", "memory_stats", "memory_stats_as_nested_dict", "memory_allocated",
+    "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "reset_peak_memory_stats", "reset_accumulated_memory_stats", "reset_max_memory_allocated",
+    "mem_get_info", "memory_summary", "memory_snapshot", "set_per_process_memory_fraction",
+    "get_per_process_memory_fraction", "host_memory_stats", "host_memory_stats_as_nested_dict",
+    "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "MemPool",
+    "use_mem_pool", "graph_pool_handle", "OutOfMemoryError",
 ]
+
+# torch.cuda.OutOfMemoryError is torch.OutOfMemoryError; so is axon's.
+OutOfMemoryError = torch.OutOfMemoryError
 
 
 def _index(device) -> int:
@@ -27,8 +46,29 @@ def empty_cache() -> None:
 
 
 def memory_stats(device=None) -> OrderedDict[str, Any]:
-    """The allocator's statistics, keyed as torch.cuda.memory_stats keys them."""
-    return torch.accelerator.memory_stats(_index(device))
+    """The allocator's statistics, keyed as torch.cuda.memory_stats keys them.
+
+    ``max_split_size`` is -1 (CUDA's "no limit": every large block may split),
+    so the ``oversize_*`` counts stay 0; ``num_oom_rejections`` is 0 (axon
+    has no preemptive OOM policy); ``num_sync_all_streams`` counts the
+    allocator's waits for all pending frees (``empty_cache``, OOM retries).
+    Private pools (MemPool, graphs) count in ``all`` and in the small/large
+    pool of their segments, as CUDA's do."""
+    stats = dict(torch.accelerator.memory_stats(_index(device)))
+    stats.setdefault("num_oom_rejections", 0)
+    return OrderedDict(sorted(stats.items()))
+
+
+def memory_stats_as_nested_dict(device=None) -> dict[str, Any]:
+    """memory_stats() as nested dicts (``{"allocated_bytes": {"all": {"current": ...}}}``)."""
+    nested: dict[str, Any] = {}
+    for key, value in memory_stats(device).items():
+        parts = key.split(".")
+        d = nested
+        for p in parts[:-1]:
+            d = d.setdefault(p, {})
+        d[parts[-1]] = value
+    return nested
 
 
 def memory_allocated(device=None) -> int:
@@ -85,3 +125,198 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     for key in ("num_alloc_retries", "num_ooms"):
         lines.append(f"{key:<24}{stats.get(key, 0):>14}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- fraction
+
+def set_per_process_memory_fraction(fraction, device=None) -> None:
+    """Cap the caching allocator's segments on ``device`` at ``fraction`` of its
+    total memory; allocations beyond it raise ``torch.OutOfMemoryError`` (after
+    the cache is released, as for any out-of-memory)."""
+    device = _index(device)
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _C._set_memory_fraction(fraction, device)
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    """The fraction set_per_process_memory_fraction set (1.0 by default)."""
+    return _C._get_memory_fraction(_index(device))
+
+
+# ---------------------------------------------------------------- host memory
+
+def host_memory_stats_as_nested_dict() -> dict[str, Any]:
+    """Pinned host memory statistics, nested (torch.cuda.host_memory_stats_as_nested_dict).
+
+    Axon does not cache pinned buffers: each pinned allocation is one runtime
+    host allocation, so ``active_*`` equal ``allocations``/``allocated_bytes``
+    and ``num_host_alloc``/``num_host_free`` count the allocations and frees.
+    CUDA's ``host_alloc_time``/``host_free_time`` are not measured."""
+    return _C._host_memory_stats()
+
+
+def host_memory_stats() -> dict[str, Any]:
+    """Pinned host memory statistics, flat (``"allocated_bytes.current"`` ...)."""
+    result = []
+
+    def add(prefix: str, obj: Any) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                add(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            result.append((prefix, obj))
+
+    add("", host_memory_stats_as_nested_dict())
+    result.sort()
+    return OrderedDict(result)
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    _C._host_reset_accumulated_stats()
+
+
+def reset_peak_host_memory_stats() -> None:
+    _C._host_reset_peak_stats()
+
+
+# ---------------------------------------------------------------- private pools
+
+def graph_pool_handle() -> tuple[int, int]:
+    """A new memory pool id to share between graph captures (torch.cuda.graph_pool_handle)."""
+    return tuple(_C._mempool_new_id(False))
+
+
+class MemPool:
+    """A private pool of device memory (torch.cuda.MemPool).
+
+    Allocations made inside ``use_mem_pool(pool)`` come from the pool's own
+    segments and, when freed, return to it; the pool keeps its cached memory
+    through ``empty_cache()``.  Once the pool object is gone (and no graph
+    shares it), its memory goes back to the device as soon as the last tensor
+    in it dies.  Only the caching allocator's own memory is supported:
+    ``allocator`` must be None.
+    """
+
+    def __init__(self, allocator=None, use_on_oom: bool = False, no_split: bool = False):
+        if allocator is not None:
+            raise NotImplementedError(
+                "torch.axon.MemPool: a custom allocator is not supported on axon; the pool's "
+                "memory always comes from axon's caching allocator (pass allocator=None)")
+        if use_on_oom:
+            raise NotImplementedError(
+                "torch.axon.MemPool: use_on_oom=True is not supported on axon")
+        if no_split:
+            raise NotImplementedError(
+                "torch.axon.MemPool: no_split=True is not supported on axon")
+        self._device = current_device()
+        self._id = tuple(_C._mempool_new_id(False))
+        _C._mempool_retain(self._device, self._id)
+        self._released = False
+
+    @property
+    def id(self) -> tuple[int, int]:
+        """The pool's id, a tuple of two ints."""
+        return self._id
+
+    @property
+    def allocator(self):
+        return None
+
+    def use_count(self) -> int:
+        """Owners of the pool: this object, active use_mem_pool scopes, graphs sharing it."""
+        return _C._mempool_use_count(self._device, self._id)
+
+    def snapshot(self, include_traces: bool = True):
+        """memory_snapshot() of this pool's segments only."""
+        return memory_snapshot(self._id, include_traces=include_traces)
+
+    def __del__(self):
+        if getattr(self, "_released", True):
+            return
+        self._released = True
+        try:
+            _C._mempool_release(self._device, self._id)
+        except Exception:  # interpreter teardown
+            pass
+
+    def __repr__(self) -> str:
+        return f"torch.axon.MemPool(id={self._id}, device=axon:{self._device})"
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: MemPool, device=None):
+    """Route the current thread's allocations on ``device`` to ``pool`` (torch.cuda.use_mem_pool).
+
+    Other threads (autograd's backward workers included) keep allocating from
+    the shared pools."""
+    if not isinstance(pool, MemPool):
+        raise TypeError(f"use_mem_pool: expected a torch.axon.MemPool, got {type(pool).__name__}")
+    device_index = current_device() if device is None else _get_device_index(device)
+    _C._begin_allocate_current_thread_to_pool(device_index, pool.id)
+    try:
+        yield
+    finally:
+        _C._end_allocate_to_pool(device_index, pool.id)
+        _C._mempool_release(device_index, pool.id)
+
+
+# ---------------------------------------------------------------- history and snapshots
+
+def _record_memory_history(enabled: str | bool | None = "all", context: str | None = "all",
+                           stacks: str = "all", max_entries: int = sys.maxsize, device=None,
+                           clear_history: bool = False, compile_context: bool = False,
+                           global_record_annotations: bool = False,
+                           skip_actions: list[str] | None = None) -> None:
+    """Record what the allocator does, for _snapshot() (torch.cuda.memory._record_memory_history).
+
+    ``enabled``: "all" keeps a history of every alloc/free/segment/oom event
+    (the last ``max_entries`` per device) and the stacks of live allocations;
+    "state" only the stacks of live allocations; None stops recording and
+    drops the history.  ``context``: which events keep a stack: "state" (live
+    allocations), "alloc" (also alloc events), "all" (also frees), None.
+    ``stacks``: "python" or "all" (Python and C++ frames; symbolizing C++
+    frames makes _snapshot() slower).  Python stacks are recorded for
+    allocations made by Python threads; the allocator never waits for the GIL
+    on other threads.  Off, recording costs the allocation path one relaxed
+    atomic load.  ``skip_actions`` leaves those actions ("alloc",
+    "free_requested", "free_completed", "segment_alloc", "segment_free",
+    "oom") out of the history.  ``device`` is ignored (the history covers
+    every device, as CUDA's); ``compile_context`` and
+    ``global_record_annotations`` (torch.compile and record_function
+    annotations) are accepted and not recorded."""
+    if isinstance(enabled, bool):  # the legacy form: _record_memory_history(True)
+        enabled = "all" if enabled else None
+    if max_entries <= 0:
+        raise ValueError(f"max_entries must be positive, got {max_entries}")
+    _C._record_memory_history(enabled, context, stacks, min(max_entries, sys.maxsize),
+                              clear_history, list(skip_actions or ()))
+
+
+def _snapshot(device=None, augment_with_fx_traces: bool = False) -> dict[str, Any]:
+    """The allocator's state and recorded history, as torch.cuda.memory._snapshot
+    returns it: ``segments`` (with their ``blocks``) and ``device_traces``."""
+    s = _C._memory_snapshot(None, True)
+    if augment_with_fx_traces:
+        from torch.cuda.memory import _augment_memory_snapshot_stack_traces
+
+        s = _augment_memory_snapshot_stack_traces(s)
+    return s
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle",
+                   augment_with_fx_traces: bool = False) -> None:
+    """Pickle _snapshot() to ``filename`` (for pytorch.org/memory_viz or
+    ``python -m torch.cuda._memory_viz``)."""
+    s = _snapshot(augment_with_fx_traces=augment_with_fx_traces)
+    with open(filename, "wb") as f:
+        pickle.dump(s, f)
+
+
+def memory_snapshot(mempool_id=None, include_traces: bool = True) -> list[dict[str, Any]]:
+    """The segments of every device (or of the pool ``mempool_id``), as
+    torch.cuda.memory_snapshot."""
+    pool = None if mempool_id is None else tuple(mempool_id)
+    return _C._memory_snapshot(pool, include_traces)["segments"]

@@ -28,14 +28,13 @@ def axon_backend(gm, example_inputs, mode: str | None = None,
     """The ``"axon"`` torch.compile backend: Inductor with axon's code generation.
 
     ``mode`` and ``options`` mean what they mean for Inductor
-    (``torch._inductor.list_mode_options``); CUDA graphs ("reduce-overhead",
-    Transformers' default mode) do not exist on axon and are left out, as
-    Inductor leaves them out for the CPU.
+    (``torch._inductor.list_mode_options``); "reduce-overhead" (Transformers'
+    default mode) records and replays axon graphs, as with the default backend
+    (integrations/torch_compile.py, ``AxonGraphPolicy``).
     """
     register()
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
     patches = {**(list_mode_options(mode) if mode else {}), **(options or {})}
-    patches.pop("triton.cudagraphs", None)
     return compile_fx(gm, example_inputs, config_patches=patches)

@@ -1,4 +1,4 @@
-"""torch.compile: let Dynamo and Inductor find the axon device.
+"""torch.compile: let Dynamo and Inductor find the axon device; reduce-overhead's graphs.
 
 Loading Dynamo or Inductor costs more than a second, so nothing here imports
 them: the hooks below run when PyTorch itself loads them.
@@ -7,6 +7,7 @@ them: the hooks below run when PyTorch itself loads them.
 from __future__ import annotations
 
 import functools
+import inspect
 
 from ._hooks import on_import
 
@@ -86,3 +87,403 @@ def batch_norm_statistics_like_cpu(decompositions) -> None:
 
     native_batch_norm_helper._axon_patch = True
     decompositions.native_batch_norm_helper = native_batch_norm_helper
+
+
+# ==========================================================================
+# torch.compile(mode="reduce-overhead"): Inductor's graphs on axon.
+#
+# ``mode="reduce-overhead"`` turns on ``torch._inductor.config.triton.cudagraphs``:
+# Inductor then wraps each compiled graph in CUDA graph capture and replay
+# (``torch._inductor.cudagraph_trees``), after a device check that accepts a
+# single "cuda" device only.  On axon every graph was skipped, silently (the
+# skip is logged for "cuda" graphs only).  The patches below, each naming its
+# upstream site, let axon graphs through and wrap them with ``AxonGraphPolicy``
+# (Inductor's own plugin point, ``torch._inductor.config.cudagraph_policy``),
+# set only while an axon graph is post-compiled: other devices go through
+# Inductor's code exactly as upstream wrote it.
+#
+# What the wrapper does (``_AxonGraphed``), per compiled graph and per value of
+# its integer inputs (the sizes of a dynamic-shape graph, as cudagraph trees
+# key their graphs):
+#
+# - first call: runs the compiled code as it is (warm-up; its results are the
+#   call's results, so mutations and random numbers happen once, as eagerly);
+# - second call: records an ``AxonGraph`` on a side stream, in a private pool,
+#   and replays it (a capture runs nothing, so the call still runs once);
+#   static inputs (parameters, buffers, ``mark_static_address`` tensors such as
+#   a StaticCache's) are used in place; the other tensor inputs are copied into
+#   static buffers at every call (Inductor's non-tree ``cudagraphify_impl``);
+# - later calls: copy the non-static inputs, replay.  A static input at a new
+#   address re-records the graph (as cudagraph trees do), up to
+#   ``config.triton.cudagraph_unexpected_rerecord_limit`` times; then, or when
+#   the capture itself fails (an op that synchronises, such as ``.item()``),
+#   the graph is skipped with Inductor's "skipping cudagraphs due to ..." message
+#   and the compiled code runs without a graph.
+#
+# Outputs: as Inductor's non-tree implementation, outputs live in the graph's
+# memory and the next replay of the same graph overwrites them; each call
+# returns new tensor objects (aliases) for them, and a replay bumps their
+# autograd version counter, so an output saved for a backward that a later
+# replay overwrote makes that backward raise instead of computing with
+# overwritten values (cudagraph trees raise on any access to an overwritten
+# output; that bookkeeping is not reproduced).  Clone an output to keep it
+# across calls.  ``torch.compiler.cudagraph_mark_step_begin()`` is accepted and
+# not needed.
+
+_SKIP = "skipping cudagraphs due to "
+
+
+def _axon_only(device_types) -> bool:
+    """A compiled graph that runs on axon (and maybe the CPU), no other device."""
+    kinds = set(device_types) - {"cpu", "meta"}
+    return kinds == {"axon"}
+
+
+def _log_skip(msg: str, *, bump: bool) -> None:
+    """What ``cudagraph_utils.log_cudagraph_skip_and_bump_counter`` does for a
+    "cuda" graph; ``bump=False`` where upstream already counted the skip."""
+    from torch._inductor import config
+    from torch._inductor import cudagraph_utils
+
+    if bump:
+        cudagraph_utils.log_cudagraph_skip_and_bump_counter(msg)
+        return
+    cudagraph_utils.cudagraphs_log.warning(msg)
+    if config.triton.cudagraph_or_error:
+        raise RuntimeError(msg)
+    from torch._dynamo.utils import get_metrics_context
+
+    metrics = get_metrics_context()
+    if metrics.in_progress():
+        metrics.set("cudagraph_skip_reason", msg, overwrite=True)
+
+
+# --------------------------------------------------------------------------
+# The device check
+
+
+@on_import("torch._inductor.cudagraph_utils")
+def device_check_accepts_axon(cudagraph_utils) -> None:
+    """Patch ``torch._inductor.cudagraph_utils.check_multiple_devices_or_any_cpu_nodes``.
+
+    Upstream graphs a compiled graph only if its nodes live on one device of
+    type "cuda" (``next(iter(device_node_mapping)).type == "cuda"``).  A graph
+    on one axon device passes here; a graph with a CPU node is skipped with
+    upstream's message even when ``graph_partition`` is on (upstream then
+    ignores CPU nodes, because its partitioned wrapper keeps them out of the
+    graphs; the axon wrapper graphs the whole compiled callable).  Any mapping
+    without axon goes to upstream's function.  Generic fix: accept any single
+    device whose backend registers a graph implementation
+    (``torch.accelerator.Graph``).
+    """
+    original = cudagraph_utils.check_multiple_devices_or_any_cpu_nodes
+    if getattr(original, "_axon_patch", False):
+        return
+
+    import torch
+
+    @functools.wraps(original)
+    def check_multiple_devices_or_any_cpu_nodes(device_node_mapping):
+        if not any(d.type == "axon" for d in device_node_mapping):
+            return original(device_node_mapping)
+        device_node_mapping.pop(torch.device("meta"), None)
+        cpu_node = device_node_mapping.get(torch.device("cpu"))
+        if cpu_node is not None:
+            msg = f"cpu device ({cpu_node.name})"
+            if stack_trace := cudagraph_utils._get_use_stack_trace(cpu_node):
+                msg = f"{msg}. Found from : \n {stack_trace}"
+            return cudagraph_utils.format_default_skip_message(msg)
+        if len(device_node_mapping) == 1:
+            return None
+        return cudagraph_utils.format_default_skip_message(
+            "multiple devices: " + ", ".join(repr(d) for d in device_node_mapping))
+
+    check_multiple_devices_or_any_cpu_nodes._axon_patch = True
+    setattr(cudagraph_utils, "check_multiple_devices_or_any_cpu_nodes",
+            check_multiple_devices_or_any_cpu_nodes)
+
+
+# --------------------------------------------------------------------------
+# Where Inductor wraps compiled graphs
+
+
+@on_import("torch._inductor.output_code")
+def graph_axon_outputs(output_code) -> None:
+    """Patch ``torch._inductor.output_code.CompiledFxGraph.post_compile`` (also its
+    ``__init__`` and ``output_code.maybe_handle_backward_generation``).
+
+    - ``post_compile`` wraps a graph with ``compile_fx.cudagraphify`` (cudagraph
+      trees: ``torch.cuda`` streams, pools and graphs) unless
+      ``config.cudagraph_policy`` is set; for a graph on axon (and only then)
+      the patch sets ``AxonGraphPolicy`` (below) for the call.  With
+      ``graph_partition`` on, a policy also routes the graph through
+      ``cudagraph_post_compile`` (the whole callable) instead of the
+      partition path.
+    - ``__init__``, ``post_compile`` and ``cudagraph_post_compile`` log a
+      skipped graph (``"skipping cudagraphs due to ..."``) only when
+      ``"cuda" in device_types``; the patch logs the same for axon graphs.
+    - ``maybe_handle_backward_generation`` tells the cudagraph-tree manager
+      of the forward's device that a backward runs; a backward on axon has
+      no tree manager (the assertion ``manager is not None`` would fail when
+      its forward was graphed and it is not), so it is left as it is.
+
+    Generic fix: a per-device graph policy (or ``torch.accelerator.Graph``
+    in cudagraph trees) and logging keyed on "any device but cpu/meta".
+    """
+    cls = output_code.CompiledFxGraph
+    if getattr(cls.post_compile, "_axon_patch", False):
+        return
+
+    from torch._inductor import config
+
+    original_post_compile = cls.post_compile
+    original_init = cls.__init__
+    original_backward = output_code.maybe_handle_backward_generation
+    init_signature = inspect.signature(original_init)
+
+    @functools.wraps(original_post_compile)
+    def post_compile(self, example_inputs, constants, graph_kwargs):
+        if not _axon_only(getattr(self, "device_types", ())):
+            return original_post_compile(self, example_inputs, constants, graph_kwargs)
+        cudagraphs = graph_kwargs.get("cudagraphs")
+        wanted = bool(cudagraphs)
+        reason = self.disabled_cudagraphs_reason
+        info = self.cudagraph_info
+        fail_reasons = info.cudagraph_fail_reasons if info is not None else None
+        if wanted and config.cudagraph_policy is None:
+            with config.patch(cudagraph_policy=_axon_graph_policy()):
+                original_post_compile(self, example_inputs, constants, graph_kwargs)
+        else:
+            original_post_compile(self, example_inputs, constants, graph_kwargs)
+        if wanted and not cudagraphs:  # skipped: say why, as upstream does for cuda
+            if reason:  # counted by upstream
+                _log_skip(f"{_SKIP}{reason}", bump=False)
+            elif fail_reasons:  # not counted by upstream for other devices
+                _log_skip(self.disabled_cudagraphs_reason or f"{_SKIP}{fail_reasons}", bump=True)
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        bound = init_signature.bind(self, *args, **kwargs)
+        cudagraphs = bound.arguments.get("cudagraphs")
+        wanted = bool(cudagraphs)
+        original_init(self, *args, **kwargs)
+        if (wanted and not cudagraphs and _axon_only(self.device_types)
+                and self.disabled_cudagraphs_reason):
+            _log_skip(f"{_SKIP}{self.disabled_cudagraphs_reason}", bump=False)
+
+    @functools.wraps(original_backward)
+    def maybe_handle_backward_generation(compiled_graph, boxed_forward_device_index):
+        if _axon_only(compiled_graph.device_types):
+            return None
+        return original_backward(compiled_graph, boxed_forward_device_index)
+
+    for fn in (post_compile, __init__, maybe_handle_backward_generation):
+        fn._axon_patch = True
+    cls.post_compile = post_compile
+    cls.__init__ = __init__
+    output_code.maybe_handle_backward_generation = maybe_handle_backward_generation
+
+
+# --------------------------------------------------------------------------
+# The policy and the wrapper
+
+
+def _policy_base():
+    from torch._inductor.cudagraph_utils import CUDAGraphPolicy
+
+    return CUDAGraphPolicy
+
+
+def _make_policy_class():
+    base = _policy_base()
+
+    class AxonGraphPolicy(base):
+        """``CUDAGraphPolicy`` whose ``cudagraphify`` records ``torch.axon.AxonGraph``s.
+
+        Set (by the ``post_compile`` patch) only for graphs on axon; any other
+        graph reaching it goes to upstream's implementation.
+        """
+
+        def cudagraphify(self, model, example_inputs, static_input_idxs, *, device_index,
+                         is_backward, is_inference, **kwargs):
+            devices = {t.device.type for t in example_inputs if hasattr(t, "device")}
+            if "axon" not in devices:
+                return super().cudagraphify(model, example_inputs, static_input_idxs,
+                                            device_index=device_index, is_backward=is_backward,
+                                            is_inference=is_inference, **kwargs)
+            # Inputs the graph mutates must be static (used in place); a
+            # mutation of a copied input would land in the copy.  Cudagraph
+            # trees run such a function without graphs (check_for_mutation),
+            # with this message.
+            static = set(static_input_idxs)
+            mutated = [i for i in kwargs.get("mutated_input_idxs", ()) if i not in static]
+            if mutated:
+                from torch._inductor.cudagraph_utils import (get_mutation_stack_trace,
+                                                             log_cudagraph_skip_and_bump_counter)
+
+                log_cudagraph_skip_and_bump_counter(
+                    get_mutation_stack_trace(kwargs.get("placeholders", ()), mutated))
+                return model
+            return _AxonGraphed(model, static_input_idxs, device_index)
+
+    return AxonGraphPolicy
+
+
+@functools.cache
+def _policy_class():
+    """``AxonGraphPolicy``, built on first use (nothing here imports Inductor)."""
+    return _make_policy_class()
+
+
+def _axon_graph_policy():
+    return _policy_class()()
+
+
+class _AxonGraphed:
+    """A compiled graph's boxed callable with axon graph capture and replay.
+
+    One ``_Recording`` per value of the integer inputs; see the module
+    docstring for the call sequence.
+    """
+
+    def __init__(self, model, static_input_idxs, device_index: int) -> None:
+        self.model = model
+        self.static_input_idxs = tuple(static_input_idxs)
+        self.device_index = device_index
+        self.entries: dict = {}
+        self.int_idxs: tuple[int, ...] | None = None
+        self.skip_reason: str | None = None
+        self.rerecords = 0
+
+    def __call__(self, inputs):
+        # The hot path (a recorded graph for these sizes): a few dict and
+        # pointer checks, the input copies, one replay.
+        if self.skip_reason is None and self.int_idxs is not None:
+            entry = self.entries.get(tuple(inputs[i] for i in self.int_idxs))
+            if type(entry) is _Recording and entry.static_inputs_stable(inputs):
+                return entry.run(inputs)
+        return self._call_slow(inputs)
+
+    def _call_slow(self, inputs):
+        from torch._inductor import config
+
+        if self.skip_reason is not None:
+            return self.model(inputs)
+        if self.int_idxs is None:
+            self.int_idxs = tuple(i for i, v in enumerate(inputs) if isinstance(v, int))
+        key = tuple(inputs[i] for i in self.int_idxs)
+        entry = self.entries.get(key)
+        if entry is None:
+            sizes = config.triton.cudagraph_capture_sizes
+            if sizes is not None and key and (key if len(key) > 1 else key[0]) not in sizes:
+                self.entries[key] = _NO_GRAPH  # a size not to capture (as cudagraph trees)
+            else:
+                self.entries[key] = _WARM  # warm-up: the compiled code as it is
+            return self.model(inputs)
+        if entry is _NO_GRAPH:
+            return self.model(inputs)
+        if entry is _WARM:
+            return self._record(key, inputs)
+        # A recorded graph whose static inputs moved: record it again.
+        self.rerecords += 1
+        limit = config.triton.cudagraph_unexpected_rerecord_limit
+        if self.rerecords > limit:
+            self._skip(f"static input data pointer changed more than {limit} times")
+            return self.model(inputs)
+        self.entries[key] = None
+        entry.close()
+        return self._record(key, inputs)
+
+    def _skip(self, reason: str) -> None:
+        from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+        self.skip_reason = reason
+        for entry in self.entries.values():
+            if isinstance(entry, _Recording):
+                entry.close()
+        self.entries.clear()
+        log_cudagraph_skip_and_bump_counter(f"{_SKIP}{reason}")
+
+    def _record(self, key, inputs):
+        saved = list(inputs)
+        try:
+            entry = _Recording(self.model, inputs, self.static_input_idxs, self.device_index)
+        except RuntimeError as e:
+            self._skip(f"an axon graph capture failure: {e}")
+            return self.model(saved)
+        self.entries[key] = entry
+        return entry.run(inputs)
+
+
+_WARM = object()
+_NO_GRAPH = object()
+
+
+class _Recording:
+    """One recorded graph: static input buffers, the graph, its outputs."""
+
+    def __init__(self, model, inputs, static_input_idxs, device_index: int) -> None:
+        import torch
+        from torch._inductor import compile_fx as cfx
+
+        check_idxs = cfx.get_input_idxs_to_check(inputs, static_input_idxs)
+        static = set(cfx.remove_unaligned_input_idxs(inputs, static_input_idxs))
+        cfx.copy_misaligned_inputs(inputs, check_idxs)
+        tensor = torch.Tensor
+        self.static_idxs = [i for i in sorted(static) if isinstance(inputs[i], tensor)]
+        self.static_ptrs = [inputs[i].data_ptr() for i in self.static_idxs]
+        self.copy_idxs = [i for i, x in enumerate(inputs)
+                          if isinstance(x, tensor) and i not in static]
+        self.expanded = {i: cfx.get_expanded_dims(inputs[i]) for i in self.copy_idxs}
+        self.static_inputs = [
+            x if not isinstance(x, tensor) else (x.detach() if i in static else cfx.static_input(x))
+            for i, x in enumerate(inputs)]
+        self._copy_inputs(inputs)
+        self.graph = torch.axon.AxonGraph()
+        with torch.axon.device(device_index):
+            stream = torch.axon.Stream()
+            stream.wait_stream(torch.axon.current_stream())
+            rng = torch.axon.get_rng_state()
+            try:
+                with torch.axon.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
+                    outputs = model(list(self.static_inputs))
+            finally:
+                torch.axon.set_rng_state(rng)  # the replays draw the numbers
+        if not isinstance(outputs, (list, tuple)):
+            outputs = (outputs,)
+        self.outputs = list(outputs)
+        # Outputs in the graph's memory (not views of an input): a replay
+        # rewrites them, which their version counter records.
+        input_storages = {x.untyped_storage().data_ptr() for x in self.static_inputs
+                          if isinstance(x, tensor)}
+        self.owned = [o for o in self.outputs if isinstance(o, tensor)
+                      and o.untyped_storage().data_ptr() not in input_storages]
+        self.run = self._run_checked if cfx.config.size_asserts else self._run
+
+    def static_inputs_stable(self, inputs) -> bool:
+        return all(inputs[i].data_ptr() == p for i, p in zip(self.static_idxs, self.static_ptrs))
+
+    def _copy_inputs(self, inputs) -> None:
+        from torch._inductor.compile_fx import index_expanded_dims_and_copy_
+
+        dst = self.static_inputs
+        for i in self.copy_idxs:
+            index_expanded_dims_and_copy_(dst[i], inputs[i], self.expanded[i])
+
+    def _run(self, inputs):
+        import torch
+
+        self._copy_inputs(inputs)
+        inputs.clear()
+        if self.owned:
+            torch._C._increment_version(self.owned)
+        self.graph.replay()
+        return [o.detach() if isinstance(o, torch.Tensor) else o for o in self.outputs]
+
+    def _run_checked(self, inputs):
+        assert len(inputs) == len(self.static_inputs)
+        return self._run(inputs)
+
+    def close(self) -> None:
+        self.graph.reset()
+        self.outputs = self.owned = self.static_inputs = []

@@ -190,6 +190,7 @@ SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
   at::Tensor lse = emptyDevice({B, Hq, L}, at::kFloat, device);
   uint64_t seed = 0, offset = 0;
   if (dropout_p > 0) {
+    checkRawRngNotCaptured(device, "scaled_dot_product_attention");
     at::Generator gen = getDefaultAxonGenerator(device);
     std::lock_guard<std::mutex> lock(gen.mutex());
     std::tie(seed, offset) = gen.get<AxonGeneratorImpl>()->reserve(

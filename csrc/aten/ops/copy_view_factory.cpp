@@ -36,6 +36,7 @@
 #include "../../core/AxonStorage.h"
 #include "../../core/AxonStream.h"
 #include "../../core/CachingAllocator.h"
+#include "../../core/SyncDebug.h"
 #include "../CpuKernel.h"
 #include "../HostView.h"
 #include "../OpDevice.h"
@@ -226,6 +227,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
                 " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
   if (dst.numel() == 0) return dst;
+  if (!non_blocking && (self.is_cpu() || dst.is_cpu())) warnOrErrorOnSync();
   at::Tensor src = self.sizes() == dst.sizes() ? self : self.expand(dst.sizes());
   c10::DeviceIndex stream_device = dst_axon ? dst.device().index() : src.device().index();
   if (src_axon && dst_axon && src.device() != dst.device()) {
@@ -293,6 +295,7 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 }
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  warnOrErrorOnSync();
   syncCurrentStream(self.device().index());
   return hostView(self).item();
 }

@@ -25,6 +25,7 @@
 #include <ATen/ops/scatter_add_meta.h>
 #include <torch/library.h>
 
+#include "../../core/SyncDebug.h"
 #include "../CpuKernel.h"
 #include "../HostView.h"
 #include "../OpDevice.h"
@@ -74,6 +75,7 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& i
 // copy the result to the device), as they do on CUDA.
 at::Tensor nonzero(const at::Tensor& self) {
   const auto device = opDevice("nonzero", self);
+  warnOrErrorOnSync();
   syncCurrentStream(device);
   return copyToDevice(at::cpu::nonzero(hostView(self)), device);
 }
@@ -81,6 +83,7 @@ at::Tensor nonzero(const at::Tensor& self) {
 at::Tensor masked_select(const at::Tensor& self, const at::Tensor& mask) {
   const auto device = opDevice("masked_select", self);
   checkSameDevice("aten::masked_select", device, mask);
+  warnOrErrorOnSync();
   syncCurrentStream(device);
   const at::Tensor m = mask.device().type() == kAxon ? hostView(mask) : mask;
   return copyToDevice(at::cpu::masked_select(hostView(self), m), device);

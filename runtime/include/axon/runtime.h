@@ -6,7 +6,7 @@
 // would implement it too.  But what the layers above launch, and some of what
 // they read, assumes that the device is the host: launch() enqueues a host
 // callable, and device memory is host-addressable (host_accessible) and
-// shareable with the host's other processes (memory_export).  A driver for a
+// shareable with the host's other processes (memory_export/import).  A driver for a
 // chip whose cores do not run host code, or whose memory the host cannot
 // address, needs besides this header:
 //
@@ -63,6 +63,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace axon::rt {
 
@@ -194,10 +195,34 @@ struct MemoryExport {
   uint64_t id = 0;      // unique among this process's allocations
   size_t size = 0;      // bytes of the allocation (the mapping's length)
   size_t offset = 0;    // of ptr within the allocation
+  uint64_t inode = 0;   // the memfd's inode: names it across processes
 };
 // Fills *out for the allocation containing ptr; false if ptr is not in a
 // shareable allocation.
 bool memory_export(const void* ptr, MemoryExport* out) noexcept;
+
+// The other end of memory_export (cudaIpcOpenMemHandle): maps the allocation
+// that process `pid` exported as `ex` into this process, as device memory of
+// `device` here, and returns the exported pointer (the mapping + ex.offset).
+// Both processes then use the same pages: each sees the other's writes once
+// the writer's streams are synchronised.  The mapping is device memory for
+// pointer_device, memcpy and memory_export (it can be passed on), but is not
+// charged to the device's capacity: the exporter's allocation is.  The
+// exporter must keep its allocation until the importer calls memory_close
+// (free truncates the memfd: the pages go, mapped or not).  Throws Error if
+// the process or the allocation is gone, or the device index is invalid.
+void* memory_import(int device, int pid, const MemoryExport& ex);
+// Unmaps what memory_import returned (cudaIpcCloseMemHandle); the exporter's
+// allocation is untouched.  free() refuses imported memory.
+void memory_close(void* ptr);
+// Maps `size` bytes of process pid's descriptor `fd` (a memfd it exported),
+// read-write, through /proc/<pid>/fd/<fd> (a process of the same user).
+// Returns nullptr and sets *why when the process or the descriptor is gone,
+// the file is smaller than size, or (inode != 0) it is not that file any
+// more.  *local_fd receives this process's descriptor of the file (close it
+// after munmap).  memory_import and the collectives' peer mappings use it.
+void* map_process_memory(int pid, int fd, size_t size, uint64_t inode, int* local_fd,
+                         std::string* why);
 
 // Page-locked ("pinned") host memory.  Copies from/to it may be asynchronous.
 // host_free waits for pending copies that use the buffer.
@@ -303,5 +328,130 @@ void event_wait(Event* e);
 // complete, else throws Error).
 double event_elapsed_ms(Event* start, Event* end);
 int event_device(Event* e);
+
+// ---------------------------------------------------------------- graphs
+
+// Stream capture and replay, as cudaStreamBeginCapture / cudaGraphLaunch.
+// While a stream captures, what is issued on it (launch, memcpy between device
+// or pinned memory, event_record) is recorded into a graph instead of being
+// enqueued; nothing runs.  Replay enqueues the recorded work on a stream as
+// one task that runs it in recorded order, as often as asked.  A task's fn is
+// called once per replay, so what it captured must stay valid (device memory:
+// the graph's private pool, csrc/core/CachingAllocator.h) and it must not
+// release anything when called.
+//
+// Fork and join: a stream that waits (stream_wait_event) for an event recorded
+// during a capture joins that capture; its work is recorded into the same
+// graph in issue order (a valid order: it respects every dependency the
+// host expressed).  Before stream_end_capture, the capture's origin stream
+// must wait for an event recorded on each joined stream after its last work.
+//
+// Illegal calls during a capture throw Error("axon error: operation not
+// permitted when stream is capturing ...") and invalidate the capture
+// (stream_end_capture then throws, as CUDA's cudaErrorStreamCaptureInvalidated):
+// stream_synchronize/stream_query of a capturing stream, device_synchronize of
+// its device, event_query/event_synchronize/event_elapsed_ms of an event
+// recorded in a capture, a capturing stream waiting for an event recorded
+// outside the capture, memcpy from or to pageable host memory on a
+// capturing stream.  device_wait and event_wait (the allocators' waits) do
+// not wait for captured work (there is none queued) and are allowed.
+class Graph;  // opaque
+
+// Throws Error if s already captures (or joined a capture).
+void stream_begin_capture(Stream s);
+// Ends the capture begun on s and returns its graph (owned by the caller:
+// graph_destroy).  Throws Error, and ends the capture, if s is not the
+// stream the capture began on, if the capture was invalidated, or if a
+// joined stream was not joined back.
+Graph* stream_end_capture(Stream s);
+bool stream_is_capturing(Stream s);
+// Some stream of the device captures (a synchronising call would be illegal).
+bool device_is_capturing(int device) noexcept;
+// Enqueues the graph's work on s (which may itself be capturing: the replay
+// is then recorded as one task).  s must be on the graph's device.
+void graph_launch(Graph* g, Stream s);
+// Replays still queued keep the work alive; destroying is safe at any time.
+void graph_destroy(Graph* g);
+size_t graph_num_tasks(const Graph* g);
+int graph_device(const Graph* g);
+// The names of the recorded tasks, in order, one per line.
+std::string graph_describe(const Graph* g);
+
+// ---------------------------------------------------------------- profiling
+// (torch.profiler's device timeline and torch.axon.utilization; issue 19)
+//
+// Every task a stream's worker runs can be recorded: its stream, its name,
+// when it started and ended on the device clock, and which host op launched
+// it.  csrc/profiler turns the records into torch.profiler's device
+// activities (Kineto).  Recording is off by default; off, a task costs the
+// worker one relaxed atomic load for it.  Event markers (event_record,
+// stream_wait_event) are not recorded.
+
+enum class TaskKind : uint8_t {
+  kKernel,  // launch()
+  kCopy,    // memcpy()
+  kFused,   // consecutive fusible launches that adaptive eager ran together
+};
+
+struct TaskRecord {
+  int device = 0;
+  int64_t stream = 0;
+  TaskKind kind = TaskKind::kKernel;
+  // The launch's name; a fused run: "fused: <first>, <second>, ..." (the
+  // names of the tasks it ran, in order).
+  std::string name;
+  uint64_t seq = 0;          // sequence number on its stream (a fused run's first)
+  uint32_t tasks = 1;        // tasks a fused run ran (>= 2), else 1
+  // set_launch_correlation() of the thread that launched it, when it
+  // launched (0: none; a fused run: its first task's).
+  uint64_t correlation = 0;
+  int64_t launch_ns = 0;     // device clock: enqueued by the host (0: unknown)
+  int64_t start_ns = 0;      // device clock: the worker started it
+  int64_t end_ns = 0;        // device clock: the worker finished it
+  bool failed = false;       // it threw (an AsyncError is pending)
+};
+
+// The device clock of TaskRecord and DeviceBusy: nanoseconds of the host's
+// monotonic clock (std::chrono::steady_clock).
+int64_t device_clock_ns() noexcept;
+
+// While on, each task a worker starts is recorded (when it ends).  At most
+// kMaxTaskRecords are kept until taken; later ones are only counted.
+constexpr size_t kMaxTaskRecords = size_t{1} << 22;
+void set_task_recording(bool on) noexcept;
+bool task_recording() noexcept;
+struct TaskRecords {
+  std::vector<TaskRecord> records;  // per stream in completion order
+  uint64_t dropped = 0;             // not kept since the last take
+};
+// Takes what was recorded so far (a task still running when recording
+// stops is recorded when it ends, and taken by the next call).
+TaskRecords take_task_records();
+
+// The id of the host op now running on the calling thread (torch.profiler's
+// correlation id; 0: none).  Work this thread launches or copies while
+// recording carries it (TaskRecord::correlation).
+void set_launch_correlation(uint64_t id) noexcept;
+uint64_t launch_correlation() noexcept;
+
+// Busy time, always counted: the time at least one stream of the device was
+// running work (kernels, copies, collectives, fused runs), from the start of
+// a task until the stream runs out of queued work (the worker's few hundred
+// ns between back-to-back tasks count; a stream waiting for an event does
+// not).  Measured with the coarse monotonic clock at the ends of each
+// stream's busy runs: a few ms resolution, right on average over many runs;
+// back-to-back work costs nothing more.
+struct DeviceBusy {
+  int64_t busy_ns = 0;   // since the process started using the device
+  int64_t clock_ns = 0;  // device clock when read
+};
+DeviceBusy device_busy(int device);
+// Percent (0..100) of the last kUtilizationPeriodMs that the device was busy
+// (torch.cuda.utilization's "percent of time over the past sample period
+// during which one or more kernels was executing").  The busy curve between
+// samples kept every >= 20 ms of activity is interpolated linearly; a device
+// used for less than the period reports over the time since its first task.
+constexpr int64_t kUtilizationPeriodMs = 1000;
+int device_utilization(int device);
 
 }  // namespace axon::rt

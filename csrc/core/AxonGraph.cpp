@@ -1,0 +1,160 @@
+// Graphs (torch.axon.AxonGraph, torch.accelerator.Graph on axon): capture
+// and replay, as c10/cuda's CUDAGraph.  The runtime records what is issued
+// on the capturing stream (runtime.h, "graphs"); this layer gives the capture
+// a private memory pool (CachingAllocator.h), makes random ops draw new
+// numbers at each replay (GraphRng, AxonGenerator.h), and registers the
+// implementation with ATen's GraphImplRegistry under the device's name.
+#include "AxonGraph.h"
+
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include <ATen/core/GraphImplInterface.h>
+#include <c10/core/DeviceType.h>
+#include <c10/util/Exception.h>
+
+#include "AxonGenerator.h"
+#include "AxonRuntime.h"
+#include "AxonStream.h"
+#include "CachingAllocator.h"
+
+namespace at::axon {
+namespace {
+
+class AxonGraphImpl final : public at::GraphImplInterface {
+ public:
+  explicit AxonGraphImpl(const at::GraphImplArgs& args) : keep_graph_(args.keep_graph) {}
+  ~AxonGraphImpl() override { reset(); }
+
+  void capture_begin(c10::MempoolId_t pool, at::GraphCaptureMode mode) override {
+    TORCH_CHECK(!has_graph_, "This AxonGraph instance already owns a captured graph. "
+                             "To capture a new graph, create a new instance.");
+    TORCH_CHECK(!capturing_, "This AxonGraph instance is already capturing");
+    (void)mode;  // one mode: a capture forbids synchronising calls on its device
+    device_ = current_device();
+    const c10::Stream stream = getCurrentAxonStream(device_);
+    TORCH_CHECK(stream.id() != getDefaultAxonStream(device_).id(),
+                "Axon graphs must be captured on a non-default stream. (However, after "
+                "capture, it's ok to replay them on the default stream.)");
+    stream_ = stream;
+    pool_ = pool.first != 0 || pool.second != 0 ? pool : newPoolId(/*for_graph=*/true);
+    // Allocations on the capturing stream, from any thread, come from the
+    // graph's pool (CUDA's "global" capture mode).
+    const c10::StreamId sid = stream.id();
+    beginAllocateToPool(device_, pool_, [sid](c10::StreamId s) { return s == sid; });
+    pool_owned_ = true;
+    rng_ = std::make_unique<GraphRng>();
+    setCaptureRng(device_, sid, rng_.get());
+    try {
+      rt_call([&] { rt::stream_begin_capture(to_rt(stream)); });
+    } catch (...) {
+      setCaptureRng(device_, sid, nullptr);
+      endAllocateToPool(device_, pool_);
+      throw;
+    }
+    capturing_ = true;
+  }
+
+  void capture_end() override {
+    TORCH_CHECK(capturing_, "capture_end() called without a preceding capture_begin()");
+    TORCH_CHECK(getCurrentAxonStream(device_) == stream_,
+                "Capture must end on the same stream it began on.");
+    capturing_ = false;
+    setCaptureRng(device_, stream_.id(), nullptr);
+    endAllocateToPool(device_, pool_);
+    graph_ = rt_call([&] { return rt::stream_end_capture(to_rt(stream_)); });
+    has_graph_ = true;
+    if (rt::graph_num_tasks(graph_) == 0) {
+      TORCH_WARN("The axon graph is empty. This usually means that the graph was attempted "
+                 "to be captured on the wrong device or stream.");
+    }
+  }
+
+  void instantiate() override {
+    TORCH_CHECK(has_graph_, "Called AxonGraph::instantiate without a preceding successful capture.");
+  }
+
+  void replay() override {
+    TORCH_CHECK(has_graph_, "Called AxonGraph::replay without a preceding successful capture.");
+    const c10::Stream stream = getCurrentAxonStream(device_);
+    const rt::Stream s = to_rt(stream);
+    if (std::function<void()> reseed = rng_->prepareReplay()) {
+      rt_call([&] { rt::launch(s, "graph replay: rng", std::move(reseed)); });
+    }
+    rt_call([&] { rt::graph_launch(graph_, s); });
+  }
+
+  void reset() override {
+    if (capturing_) {
+      // Abandoned mid-capture (an exception inside `with graph`): end it.
+      capturing_ = false;
+      setCaptureRng(device_, stream_.id(), nullptr);
+      endAllocateToPool(device_, pool_);
+      try {
+        rt::graph_destroy(rt::stream_end_capture(to_rt(stream_)));
+      } catch (const rt::Error&) {  // invalidated: it is over either way
+      }
+    }
+    if (has_graph_) {
+      rt::graph_destroy(graph_);
+      graph_ = nullptr;
+      has_graph_ = false;
+    }
+    if (pool_owned_) {
+      releasePool(device_, pool_);
+      pool_owned_ = false;
+    }
+    rng_.reset();
+  }
+
+  c10::MempoolId_t pool() const override {
+    TORCH_CHECK(pool_owned_,
+                "Called AxonGraph::pool() without a preceding successful capture.");
+    return pool_;
+  }
+
+  void enable_debug_mode() override { debug_ = true; }
+
+  void debug_dump(const std::string& path) override {
+    TORCH_CHECK(debug_, "AxonGraph::debug_dump: call enable_debug_mode() before capture");
+    TORCH_CHECK(has_graph_, "AxonGraph::debug_dump: no captured graph");
+    std::ofstream out(path);
+    TORCH_CHECK(out.good(), "AxonGraph::debug_dump: cannot write ", path);
+    out << "# axon graph on axon:" << static_cast<int>(device_) << ", "
+        << rt::graph_num_tasks(graph_) << " tasks in replay order\n"
+        << rt::graph_describe(graph_);
+  }
+
+  size_t numTasks() const { return has_graph_ ? rt::graph_num_tasks(graph_) : 0; }
+
+ private:
+  bool keep_graph_;
+  bool debug_ = false;
+  bool capturing_ = false;
+  bool has_graph_ = false;
+  bool pool_owned_ = false;
+  c10::DeviceIndex device_ = 0;
+  c10::Stream stream_{c10::Stream::DEFAULT, c10::Device(kAxon, 0)};
+  c10::MempoolId_t pool_{0, 0};
+  rt::Graph* graph_ = nullptr;
+  std::unique_ptr<GraphRng> rng_;
+};
+
+}  // namespace
+
+void registerGraphImpl() {
+  const std::string key = c10::DeviceTypeName(kAxon, /*lower_case=*/false);
+  auto* registry = at::GraphImplRegistry();
+  if (registry->Has(key)) return;
+  registry->Register(key, [](const at::GraphImplArgs& args) -> std::unique_ptr<at::GraphImplInterface> {
+    return std::make_unique<AxonGraphImpl>(args);
+  });
+}
+
+bool currentStreamCapturing(c10::DeviceIndex device) {
+  if (!rt::device_is_capturing(device)) return false;
+  return rt_call([&] { return rt::stream_is_capturing(current_rt_stream(device)); });
+}
+
+}  // namespace at::axon

@@ -1,0 +1,313 @@
+"""Graphs (torch.axon.AxonGraph, torch.axon.graph, make_graphed_callables):
+capture and replay give what the same ops give eagerly on the CPU, replay
+sees new values of static inputs, random ops draw new numbers per replay,
+and illegal calls during a capture raise as CUDA's do."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+DEV = "axon"
+
+
+def _chain(x, w):
+    return F.silu(x @ w).mul(2).add_(x.sum(-1, keepdim=True)).softmax(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "empty"])
+def test_replay_matches_cpu(dtype, layout):
+    rows = 0 if layout == "empty" else 24
+    x_cpu = torch.randn(rows, 32, dtype=dtype)
+    w_cpu = torch.randn(32, 32, dtype=dtype)
+    if layout == "transposed":
+        w_cpu = w_cpu.t()  # a non-contiguous static input
+    x = x_cpu.to(DEV)
+    w = w_cpu.to(DEV) if layout != "transposed" else w_cpu.t().contiguous().to(DEV).t()
+    _chain(x, w)  # warm up: first launches run their checks at the call
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g):
+        out = _chain(x, w)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]
+    for _ in range(3):
+        x_new = torch.randn(rows, 32, dtype=dtype)
+        x.copy_(x_new)  # static input, new values
+        g.replay()
+        expected = _chain(x_new, w_cpu)  # the same computation on the CPU, in dtype
+        torch.testing.assert_close(out.cpu().float(), expected.float(), atol=tol, rtol=tol)
+        # and what the same ops give eagerly on axon, bit for bit
+        torch.testing.assert_close(out.cpu(), _chain(x, w).cpu(), atol=0, rtol=0)
+
+
+def test_replay_equals_eager_bitwise_and_runs_nothing_at_capture():
+    x = torch.randn(64, 64, device=DEV)
+    y = torch.empty_like(x)
+    y.copy_(x * 3)
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g):
+        y.add_(1)  # in place on a tensor from outside the pool
+    torch.axon.synchronize()
+    torch.testing.assert_close(y.cpu(), (x * 3).cpu(), atol=0, rtol=0)  # nothing ran
+    g.replay()
+    g.replay()
+    torch.testing.assert_close(y.cpu(), (x * 3).cpu().add_(1).add_(1), atol=0, rtol=0)
+
+
+def test_replay_on_default_stream_and_shared_pool():
+    x = torch.randn(128, device=DEV)
+    torch.axon.synchronize()
+    g1, g2 = torch.axon.AxonGraph(), torch.axon.AxonGraph()
+    with torch.axon.graph(g1):
+        a = x * 2
+    with torch.axon.graph(g2, pool=g1.pool()):
+        b = a + 1
+    assert g2.pool() == g1.pool()
+    x.copy_(torch.arange(128.0))
+    g1.replay()  # on the default stream
+    g2.replay()
+    torch.testing.assert_close(b.cpu(), torch.arange(128.0) * 2 + 1, atol=0, rtol=0)
+
+
+def test_graph_memory_is_private():
+    x = torch.randn(1 << 16, device=DEV)
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g):
+        tmp = x * 2
+        out = tmp + 1
+        del tmp  # freed inside the capture: reusable only inside the graph
+    g.replay()
+    expected = out.cpu()
+    # Eager work allocating and freeing as much must not land in the graph's memory.
+    junk = [torch.full((1 << 16,), 7.0, device=DEV) for _ in range(8)]
+    del junk
+    g.replay()
+    torch.testing.assert_close(out.cpu(), expected, atol=0, rtol=0)
+    g.reset()
+    with pytest.raises(RuntimeError, match="without a preceding successful capture"):
+        g.replay()
+
+
+def test_random_ops_draw_new_numbers_each_replay_as_eager():
+    x = torch.ones(4096, device=DEV)
+    drop = torch.nn.Dropout(0.5)
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g):
+        out = drop(x)
+        noise = torch.rand(64, device=DEV)
+    torch.axon.manual_seed(11)
+    g.replay()
+    first = (out.cpu(), noise.cpu())
+    g.replay()
+    second = (out.cpu(), noise.cpu())
+    offset_after = torch.axon.get_rng_state()
+    torch.axon.manual_seed(11)
+    eager = [(drop(x).cpu(), torch.rand(64, device=DEV).cpu()) for _ in range(2)]
+    for got, want in zip((first, second), eager):
+        torch.testing.assert_close(got[0], want[0], atol=0, rtol=0)
+        torch.testing.assert_close(got[1], want[1], atol=0, rtol=0)
+    assert not torch.equal(first[1], second[1])
+    assert torch.equal(offset_after, torch.axon.get_rng_state())  # the same counter used
+
+
+@pytest.mark.parametrize("call", ["item", "cpu", "synchronize", "nonzero"])
+def test_synchronising_calls_raise_and_invalidate(call):
+    x = torch.randn(16, device=DEV)
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    with pytest.raises(RuntimeError, match="operation not permitted when stream is capturing"):
+        with torch.axon.graph(g):
+            y = x + 1
+            if call == "item":
+                y.sum().item()
+            elif call == "cpu":
+                y.cpu()
+            elif call == "synchronize":
+                torch.axon.synchronize()
+            else:
+                torch.nonzero(y)
+    assert not torch.axon.is_current_stream_capturing()
+    # The device and the stream go on working.
+    torch.testing.assert_close((x + 1).cpu(), x.cpu() + 1)
+    g2 = torch.axon.AxonGraph()
+    with torch.axon.graph(g2):
+        z = x * 2
+    g2.replay()
+    torch.testing.assert_close(z.cpu(), x.cpu() * 2)
+
+
+def test_capture_misuse_errors():
+    g = torch.axon.AxonGraph()
+    with pytest.raises(RuntimeError, match="non-default stream"):
+        g.capture_begin()
+    with pytest.raises(RuntimeError, match="without a preceding successful capture"):
+        g.replay()
+    with pytest.raises(RuntimeError, match="capture_end\\(\\) called without"):
+        g.capture_end()
+    with pytest.raises(ValueError, match="capture_error_mode"):
+        g.capture_begin(capture_error_mode="bogus")
+    x = torch.randn(4, device=DEV)
+    with torch.axon.graph(g):
+        x.mul_(2)
+    with pytest.raises(RuntimeError, match="already owns a captured graph"):
+        with torch.axon.graph(g):
+            x.mul_(2)
+
+
+def test_body_exception_abandons_capture():
+    g = torch.axon.AxonGraph()
+    with pytest.raises(KeyError):
+        with torch.axon.graph(g):
+            torch.ones(3, device=DEV).add_(1)
+            raise KeyError("body")
+    assert not torch.axon.is_current_stream_capturing()
+    assert torch.ones(3, device=DEV).sum().item() == 3
+
+
+def test_async_error_in_replay_names_the_op():
+    table = torch.randn(10, 4, device=DEV)
+    idx = torch.tensor([1, 2], device=DEV)
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g):
+        out = table.index_select(0, idx)  # noqa: F841
+    idx.copy_(torch.tensor([1, 99]))
+    with pytest.raises(RuntimeError, match="index_select"):
+        g.replay()  # raises here with AXON_LAUNCH_BLOCKING=1
+        torch.axon.synchronize()
+    torch.axon.synchronize()  # reported once
+
+
+def test_fork_join_across_streams():
+    x = torch.randn(256, device=DEV)
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    side = torch.axon.Stream()
+    with torch.axon.graph(g):
+        a = x * 2
+        side.wait_stream(torch.axon.current_stream())
+        with torch.axon.stream(side):
+            b = a + 1
+        torch.axon.current_stream().wait_stream(side)
+        c = a * b
+    x.copy_(torch.arange(256.0))
+    g.replay()
+    ref = torch.arange(256.0) * 2
+    torch.testing.assert_close(c.cpu(), ref * (ref + 1), atol=0, rtol=0)
+
+
+def test_unjoined_side_stream_fails_capture():
+    x = torch.randn(8, device=DEV)
+    g = torch.axon.AxonGraph()
+    side = torch.axon.Stream()
+    with pytest.raises(RuntimeError, match="capture was not joined"):
+        with torch.axon.graph(g):
+            side.wait_stream(torch.axon.current_stream())
+            with torch.axon.stream(side):
+                x.add_(1)
+    assert not torch.axon.is_current_stream_capturing()
+
+
+def test_accelerator_graph_and_debug_dump(tmp_path):
+    x = torch.randn(32, device=DEV)
+    g = torch.accelerator.Graph()
+    g.enable_debug_mode()
+    with torch.axon.stream(torch.axon.Stream()):
+        with g:
+            y = torch.relu(x) * 3
+    g.replay()
+    torch.testing.assert_close(y.cpu(), torch.relu(x.cpu()) * 3)
+    path = tmp_path / "graph.txt"
+    g.debug_dump(str(path))
+    text = path.read_text()
+    assert "relu" in text and "mul" in text, text
+
+
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+
+
+def test_make_graphed_callables_trains_like_eager():
+    torch.manual_seed(0)
+    eager = _mlp().to(DEV)
+    graphed = _mlp().to(DEV)
+    graphed.load_state_dict(eager.state_dict())
+    sample = torch.randn(8, 16, device=DEV, requires_grad=True)
+    graphed = torch.axon.make_graphed_callables(graphed, (sample,))
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_g = torch.optim.SGD(graphed.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.randn(8, 16, device=DEV, requires_grad=True)
+        losses = []
+        for model, opt in ((eager, opt_e), (graphed, opt_g)):
+            opt.zero_grad(set_to_none=True)  # as CUDA's: grads alias the graph's buffers
+            xi = x.detach().clone().requires_grad_()
+            loss = model(xi).square().mean()
+            loss.backward()
+            opt.step()
+            losses.append((loss.item(), xi.grad.cpu()))
+        assert losses[0][0] == pytest.approx(losses[1][0], rel=1e-5, abs=1e-6), step
+        torch.testing.assert_close(losses[1][1], losses[0][1], atol=1e-5, rtol=1e-5)
+    for pe, pg in zip(eager.parameters(), graphed.parameters()):
+        torch.testing.assert_close(pg.cpu(), pe.cpu(), atol=1e-5, rtol=1e-5)
+    graphed.eval()  # eval mode runs the original forward
+    with torch.no_grad():
+        torch.testing.assert_close(graphed(x).cpu(), eager.eval()(x).cpu(), atol=1e-5, rtol=1e-5)
+
+
+def test_make_graphed_callables_functions_and_errors():
+    w = torch.randn(8, 8, device=DEV, requires_grad=True)
+
+    def fn(a):
+        return (a @ w).tanh()
+
+    sample = torch.randn(4, 8, device=DEV, requires_grad=True)
+    g = torch.axon.make_graphed_callables(fn, (sample,))
+    a = torch.randn(4, 8, device=DEV, requires_grad=True)
+    out = g(a)
+    torch.testing.assert_close(out.cpu(), fn(a).cpu(), atol=1e-6, rtol=1e-6)
+    (ga,) = torch.autograd.grad(out.sum(), a)
+    (want,) = torch.autograd.grad(fn(a).sum(), a)
+    torch.testing.assert_close(ga.cpu(), want.cpu(), atol=1e-6, rtol=1e-6)
+    with pytest.raises(AssertionError, match="only Tensors"):
+        torch.axon.make_graphed_callables(fn, (3,))
+    m = _mlp().to(DEV)
+    m.register_forward_hook(lambda *a: None)
+    with pytest.raises(AssertionError, match="hooks"):
+        torch.axon.make_graphed_callables(m, (torch.randn(2, 16, device=DEV),))
+
+
+def test_hf_llama_decode_step_graph_equals_eager():
+    transformers = pytest.importorskip("transformers", reason="Hugging Face tests need transformers")
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(DEV).eval()
+    prompt = torch.randint(3, 256, (2, 8), device=DEV)
+    ids = torch.randint(3, 256, (2, 1), device=DEV)
+    pos = torch.tensor([8], device=DEV)
+
+    def run(cache, position):
+        return model(input_ids=ids, cache_position=position, past_key_values=cache,
+                     use_cache=True).logits
+
+    with torch.no_grad():
+        # Eager, captured, warm-up (Llama derives positions from what the cache holds).
+        caches = [transformers.StaticCache(config=config, max_cache_len=32) for _ in range(3)]
+        for c in caches:
+            model(input_ids=prompt, cache_position=torch.arange(8, device=DEV),
+                  past_key_values=c, use_cache=True)
+        run(caches[2], pos)  # warm up: first launches run their checks at the call
+        torch.axon.synchronize()
+        g = torch.axon.AxonGraph()
+        with torch.axon.graph(g):
+            static_logits = run(caches[1], pos)
+        for step in range(3):
+            ids.copy_(torch.randint(3, 256, (2, 1)))
+            pos.fill_(8 + step)
+            want = run(caches[0], pos).cpu()
+            g.replay()
+            torch.testing.assert_close(static_logits.cpu(), want, atol=0, rtol=0)
