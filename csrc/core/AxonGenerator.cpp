@@ -103,8 +103,8 @@ namespace {
 // Captures that registered a GraphRng, by (device, capturing stream).
 std::atomic<int> capture_rngs{0};
 std::mutex capture_rng_mu;
-std::unordered_map<int64_t, GraphRng*>& captureRngMap() {
-  static auto* m = new std::unordered_map<int64_t, GraphRng*>();
+std::unordered_map<int64_t, std::shared_ptr<GraphRng>>& captureRngMap() {
+  static auto* m = new std::unordered_map<int64_t, std::shared_ptr<GraphRng>>();
   return *m;
 }
 int64_t rngKey(c10::DeviceIndex device, c10::StreamId stream) {
@@ -114,7 +114,7 @@ int64_t rngKey(c10::DeviceIndex device, c10::StreamId stream) {
 // The capture the current stream of `device` records into, if it registered
 // one.  A stream that joined a capture (fork) uses the device's capture when
 // there is just one.
-GraphRng* currentCaptureRng(c10::DeviceIndex device) {
+std::shared_ptr<GraphRng> currentCaptureRng(c10::DeviceIndex device) {
   if (capture_rngs.load(std::memory_order_acquire) == 0) return nullptr;
   const rt::Stream s = current_rt_stream(device);
   if (!rt_call([&] { return rt::stream_is_capturing(s); })) return nullptr;
@@ -122,7 +122,7 @@ GraphRng* currentCaptureRng(c10::DeviceIndex device) {
   auto& m = captureRngMap();
   auto it = m.find(rngKey(device, s.id));
   if (it != m.end()) return it->second;
-  GraphRng* only = nullptr;
+  std::shared_ptr<GraphRng> only;
   for (auto& [key, rng] : m) {
     if (key / 4096 != device) continue;
     if (only != nullptr) return nullptr;
@@ -132,11 +132,11 @@ GraphRng* currentCaptureRng(c10::DeviceIndex device) {
 }
 }  // namespace
 
-void setCaptureRng(c10::DeviceIndex device, c10::StreamId stream, GraphRng* rng) {
+void setCaptureRng(c10::DeviceIndex device, c10::StreamId stream, std::shared_ptr<GraphRng> rng) {
   std::lock_guard<std::mutex> lock(capture_rng_mu);
   auto& m = captureRngMap();
   if (rng != nullptr) {
-    if (m.emplace(rngKey(device, stream), rng).second) capture_rngs.fetch_add(1);
+    if (m.emplace(rngKey(device, stream), std::move(rng)).second) capture_rngs.fetch_add(1);
   } else if (m.erase(rngKey(device, stream)) != 0) {
     capture_rngs.fetch_sub(1);
   }
@@ -208,7 +208,7 @@ at::Generator cpuGeneratorFor(const std::optional<at::Generator>& gen,
   TORCH_CHECK(g.device().type() == kAxon,
               "Expected a 'axon' device type for generator but found '",
               g.device().type(), "'");
-  if (GraphRng* rng = currentCaptureRng(device)) return rng->cpuGenerator(g);
+  if (auto rng = currentCaptureRng(device)) return rng->cpuGenerator(g);
   uint64_t seed, offset;
   {
     std::lock_guard<std::mutex> lock(g.mutex());

@@ -9,6 +9,7 @@
 #include <c10/core/Stream.h>
 
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -73,7 +74,7 @@ class GraphRng {
   std::vector<Entry> entries_;
 };
 // Registers (rng != nullptr) or removes the capture of `stream`.
-void setCaptureRng(c10::DeviceIndex device, c10::StreamId stream, GraphRng* rng);
+void setCaptureRng(c10::DeviceIndex device, c10::StreamId stream, std::shared_ptr<GraphRng> rng);
 // Raw counter ranges (the attention kernels' dropout) cannot be replayed yet:
 // raises a clear error when the current stream of `device` captures.
 void checkRawRngNotCaptured(c10::DeviceIndex device, const char* op);

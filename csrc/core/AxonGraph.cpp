@@ -7,6 +7,7 @@
 #include "AxonGraph.h"
 
 #include <fstream>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -25,35 +26,51 @@ namespace {
 class AxonGraphImpl final : public at::GraphImplInterface {
  public:
   explicit AxonGraphImpl(const at::GraphImplArgs& args) : keep_graph_(args.keep_graph) {}
-  ~AxonGraphImpl() override { reset(); }
+  ~AxonGraphImpl() override {
+    try {
+      reset();
+    } catch (const std::exception& e) {
+      TORCH_WARN("axon: releasing a graph failed: ", e.what());
+    }
+  }
 
   void capture_begin(c10::MempoolId_t pool, at::GraphCaptureMode mode) override {
     TORCH_CHECK(!has_graph_, "This AxonGraph instance already owns a captured graph. "
                              "To capture a new graph, create a new instance.");
     TORCH_CHECK(!capturing_, "This AxonGraph instance is already capturing");
-    (void)mode;  // one mode: a capture forbids synchronising calls on its device
+    TORCH_CHECK(cachingEnabled(), "axon graph capture needs the caching allocator: allocations "
+                "would not come from the graph's pool (torch.axon.caching_allocator_enable(True))");
     device_ = current_device();
     const c10::Stream stream = getCurrentAxonStream(device_);
     TORCH_CHECK(stream.id() != getDefaultAxonStream(device_).id(),
                 "Axon graphs must be captured on a non-default stream. (However, after "
                 "capture, it's ok to replay them on the default stream.)");
+    const rt::Stream s = to_rt(stream);
+    const rt::CaptureMode rt_mode = mode == at::GraphCaptureMode::ThreadLocal
+                                        ? rt::CaptureMode::kThreadLocal
+                                    : mode == at::GraphCaptureMode::Relaxed
+                                        ? rt::CaptureMode::kRelaxed
+                                        : rt::CaptureMode::kGlobal;
+    rt_call([&] { rt::stream_begin_capture(s, rt_mode); });
     stream_ = stream;
-    pool_ = pool.first != 0 || pool.second != 0 ? pool : newPoolId(/*for_graph=*/true);
-    // Allocations on the capturing stream, from any thread, come from the
-    // graph's pool (CUDA's "global" capture mode).
-    const c10::StreamId sid = stream.id();
-    beginAllocateToPool(device_, pool_, [sid](c10::StreamId s) { return s == sid; });
-    pool_owned_ = true;
-    rng_ = std::make_unique<GraphRng>();
-    setCaptureRng(device_, sid, rng_.get());
+    capturing_ = true;
     try {
-      rt_call([&] { rt::stream_begin_capture(to_rt(stream)); });
+      // Allocations on the capture's streams (the one it began on and those
+      // that joined it), from any thread, come from the graph's pool.
+      const uint64_t id = rt_call([&] { return rt::stream_capture_id(s); });
+      pool_ = pool.first != 0 || pool.second != 0 ? pool : newPoolId(/*for_graph=*/true);
+      const c10::DeviceIndex d = device_;
+      beginAllocateToPool(d, pool_, [d, id](c10::StreamId sid) {
+        return rt::stream_capture_id(rt::Stream{d, sid}) == id;
+      });
+      pool_owned_ = true;
+      routing_ = true;
+      rng_ = std::make_shared<GraphRng>();
+      setCaptureRng(device_, stream.id(), rng_);
     } catch (...) {
-      setCaptureRng(device_, sid, nullptr);
-      endAllocateToPool(device_, pool_);
+      reset();
       throw;
     }
-    capturing_ = true;
   }
 
   void capture_end() override {
@@ -62,8 +79,13 @@ class AxonGraphImpl final : public at::GraphImplInterface {
                 "Capture must end on the same stream it began on.");
     capturing_ = false;
     setCaptureRng(device_, stream_.id(), nullptr);
-    endAllocateToPool(device_, pool_);
-    graph_ = rt_call([&] { return rt::stream_end_capture(to_rt(stream_)); });
+    stopRouting();
+    try {
+      graph_ = rt_call([&] { return rt::stream_end_capture(to_rt(stream_)); });
+    } catch (...) {
+      reset();  // the pool and the rng go with the failed capture
+      throw;
+    }
     has_graph_ = true;
     if (rt::graph_num_tasks(graph_) == 0) {
       TORCH_WARN("The axon graph is empty. This usually means that the graph was attempted "
@@ -83,6 +105,11 @@ class AxonGraphImpl final : public at::GraphImplInterface {
       rt_call([&] { rt::launch(s, "graph replay: rng", std::move(reseed)); });
     }
     rt_call([&] { rt::graph_launch(graph_, s); });
+    // Where the replay ends on this stream: reset() waits for it before the
+    // graph's work and memory go.
+    rt::Event*& done = replayed_[stream.id()];
+    if (done == nullptr) done = rt_call([&] { return rt::event_create(device_); });
+    rt_call([&] { rt::event_record(done, s); });
   }
 
   void reset() override {
@@ -90,20 +117,28 @@ class AxonGraphImpl final : public at::GraphImplInterface {
       // Abandoned mid-capture (an exception inside `with graph`): end it.
       capturing_ = false;
       setCaptureRng(device_, stream_.id(), nullptr);
-      endAllocateToPool(device_, pool_);
       try {
         rt::graph_destroy(rt::stream_end_capture(to_rt(stream_)));
       } catch (const rt::Error&) {  // invalidated: it is over either way
       }
     }
+    stopRouting();
+    // Replays still queued use the graph's work and pool: wait for them (not
+    // raising their errors, which stay for the user's next synchronisation),
+    // so that the host releases the work and the pool frees nothing in use.
+    for (auto& [sid, done] : replayed_) {
+      rt::event_wait(done);
+      rt::event_destroy(done);
+    }
+    replayed_.clear();
     if (has_graph_) {
       rt::graph_destroy(graph_);
       graph_ = nullptr;
       has_graph_ = false;
     }
     if (pool_owned_) {
-      releasePool(device_, pool_);
       pool_owned_ = false;
+      releasePool(device_, pool_);
     }
     rng_.reset();
   }
@@ -126,19 +161,26 @@ class AxonGraphImpl final : public at::GraphImplInterface {
         << rt::graph_describe(graph_);
   }
 
-  size_t numTasks() const { return has_graph_ ? rt::graph_num_tasks(graph_) : 0; }
-
  private:
+  void stopRouting() {
+    if (routing_) {
+      routing_ = false;
+      endAllocateToPool(device_, pool_);
+    }
+  }
+
   bool keep_graph_;
   bool debug_ = false;
   bool capturing_ = false;
   bool has_graph_ = false;
   bool pool_owned_ = false;
+  bool routing_ = false;  // the capture's allocations go to the pool
   c10::DeviceIndex device_ = 0;
   c10::Stream stream_{c10::Stream::DEFAULT, c10::Device(kAxon, 0)};
   c10::MempoolId_t pool_{0, 0};
   rt::Graph* graph_ = nullptr;
-  std::unique_ptr<GraphRng> rng_;
+  std::shared_ptr<GraphRng> rng_;
+  std::map<c10::StreamId, rt::Event*> replayed_;  // per stream, after its last replay
 };
 
 }  // namespace

@@ -120,6 +120,9 @@ std::string format_size(uint64_t bytes) {
 // allocation path reads when history is off.
 enum HistoryBits : int { kTrace = 1 };
 std::atomic<int> g_history{0};                 // kTrace | context << 1
+// torch.axon.caching_allocator_enable: off, allocations go straight to the
+// runtime and frees wait for the device first (CUDA's uncached path).
+std::atomic<bool> g_caching_enabled{true};
 std::atomic<size_t> g_trace_max{0};
 std::atomic<unsigned> g_trace_skip{0};  // 1 << TraceEntry::Action: not recorded
 std::atomic<c10::CachingDeviceAllocator::CreateContextFn> g_gather{nullptr};
@@ -533,25 +536,29 @@ class DeviceCache {
   // next release_cached.
   void free_segment_when_idle(Block* block) {
     if (rt::device_is_capturing(device_)) return;
-    const rt::Stream s{device_, block->stream};
-    bool idle = false;
-    rt::Event* ev = nullptr;
+    // A private pool's memory is used by a graph's replays, on whatever
+    // streams replayed it, and by its outputs' users: like cudaFree, wait for
+    // every stream of the device (an event on each one still busy).
+    constexpr int kStreams = 1 + 2 * rt::kStreamPoolSize + rt::kDedicatedStreams;
+    std::vector<rt::Event*> events;
     try {
-      idle = rt::stream_query(s);
-      if (!idle) {
-        ev = rt::event_create(device_);
-        rt::event_record(ev, s);
+      for (int id = 0; id < kStreams; ++id) {
+        const rt::Stream s{device_, id};
+        if (rt::stream_query(s)) continue;
+        events.push_back(rt::event_create(device_));
+        rt::event_record(events.back(), s);
       }
     } catch (...) {
-      if (ev != nullptr) rt::event_destroy(ev);
+      for (rt::Event* ev : events) rt::event_destroy(ev);
       return;  // errors stay for the user; release_cached frees it later
     }
     remove_free(block);
-    if (idle) {
+    if (events.empty()) {
       free_segment(block, nullptr);
-    } else {
-      doomed_.emplace_back(ev, block);
+      return;
     }
+    block->pending_events = static_cast<int>(events.size());
+    for (rt::Event* ev : events) doomed_.emplace_back(ev, block);
   }
 
   // Returns a wholly free segment (not in a free set any more) to the runtime.
@@ -786,6 +793,7 @@ class DeviceCache {
       if (!rt::event_query(ev)) break;
       doomed_.pop_front();
       rt::event_destroy(ev);
+      if (--block->pending_events > 0) continue;
       PrivatePool* owner = block->pool->owner;
       free_segment(block, nullptr);
       maybe_erase(owner);
@@ -807,6 +815,7 @@ class DeviceCache {
     for (auto& [ev, block] : doomed_) {
       rt::event_wait(ev);
       rt::event_destroy(ev);
+      if (--block->pending_events > 0) continue;
       PrivatePool* owner = block->pool->owner;
       free_segment(block, nullptr);
       maybe_erase(owner);
@@ -874,6 +883,13 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
     c10::Device dev(kAxon, device);
     if (nbytes == 0) {
       return c10::DataPtr(nullptr, dev);
+    }
+    if (!g_caching_enabled.load(std::memory_order_relaxed)) {
+      TORCH_CHECK(!rt::device_is_capturing(device),
+                  "axon graph capture needs the caching allocator: allocations would not come "
+                  "from the graph's pool (torch.axon.caching_allocator_enable(True))");
+      void* p = rt_call([&] { return rt::malloc(device, nbytes); });
+      return c10::DataPtr(p, p, &uncachedDeleter, dev);
     }
     c10::StreamId stream = getCurrentAxonStream(device).id();
     // History off: this load is all it costs.
@@ -961,6 +977,18 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
   }
 
  private:
+  // Like cudaFree: no stream may still use the memory, so the device drains
+  // first (without raising its errors, which stay for the user).
+  static void uncachedDeleter(void* ptr) {
+    const int device = rt::pointer_device(ptr);
+    try {
+      if (device >= 0) rt::device_wait(device);
+      rt::free(ptr);
+    } catch (const std::exception& e) {
+      TORCH_WARN("axon: freeing uncached device memory failed: ", e.what());
+    }
+  }
+
   static void deleter(void* ctx) {
     auto* block = static_cast<Block*>(ctx);
     const int h = g_history.load(std::memory_order_relaxed);
@@ -1051,6 +1079,9 @@ void setMemoryFraction(c10::DeviceIndex device, double fraction) {
 }
 
 double getMemoryFraction(c10::DeviceIndex device) { return cache_of(device).fraction(); }
+
+void setCachingEnabled(bool enabled) { g_caching_enabled.store(enabled); }
+bool cachingEnabled() { return g_caching_enabled.load(); }
 
 void recordHistory(bool trace, RecordContext context,
                    c10::CachingDeviceAllocator::CreateContextFn gather, size_t max_entries,

@@ -79,6 +79,10 @@ int poolUseCount(c10::DeviceIndex device, c10::MempoolId_t pool);
 
 // set_per_process_memory_fraction: the device's segments together may hold at
 // most fraction * total bytes (fraction in [0, 1]; 1 by default).
+// torch.axon.caching_allocator_enable: while off, allocations go straight to
+// the runtime (no pool, no statistics) and their frees wait for the device.
+void setCachingEnabled(bool enabled);
+bool cachingEnabled();
 void setMemoryFraction(c10::DeviceIndex device, double fraction);
 double getMemoryFraction(c10::DeviceIndex device);
 

@@ -268,6 +268,8 @@ void bindMemoryTools(py::module_& m) {
   });
 
   // Memory fraction.
+  m.def("_caching_allocator_enable", [](bool enabled) { setCachingEnabled(enabled); });
+  m.def("_caching_allocator_is_enabled", [] { return cachingEnabled(); });
   m.def("_set_memory_fraction", [](double fraction, int device) {
     setMemoryFraction(static_cast<c10::DeviceIndex>(device), fraction);
   });

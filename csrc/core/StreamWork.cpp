@@ -133,26 +133,40 @@ bool adaptiveEager() {
 
 void setAdaptiveEager(int mode) { adaptive_eager_override.store(mode < 0 ? -1 : mode != 0); }
 
+namespace {
+// Runs a kernel's work on a stream worker: its thread count, its warnings
+// dropped if quiet, a c10::Error's message without the worker's backtrace,
+// and the timing a trial asked for.
+void runWork(Work& w, int threads) {
+  setKernelThreads(threads);
+  const auto t0 = w.timed != nullptr ? std::chrono::steady_clock::now()
+                                     : std::chrono::steady_clock::time_point();
+  try {
+    if (w.quiet) {
+      c10::WarningUtils::WarningHandlerGuard guard(dropWarnings());
+      w.run();
+    } else {
+      w.run();
+    }
+  } catch (const c10::Error& e) {
+    if (w.timed != nullptr) w.timed->record(threads, kFailedRun);
+    // The runtime keeps the message for a later synchronising call; the
+    // C++ backtrace of a worker thread would only bury it.
+    throw std::runtime_error(e.what_without_backtrace());
+  } catch (...) {
+    if (w.timed != nullptr) w.timed->record(threads, kFailedRun);
+    throw;
+  }
+  if (w.timed != nullptr) {
+    w.timed->record(threads, std::chrono::duration<double, std::micro>(
+                                 std::chrono::steady_clock::now() - t0).count());
+  }
+}
+}  // namespace
+
 void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> work, int threads) {
   finished.release_if_at_least(kReleaseBatch);
   rt::Stream s = current_rt_stream(device);
-  if (rt::device_is_capturing(device) && rt_call([&] { return rt::stream_is_capturing(s); })) {
-    // A graph's task runs once per replay: it shares the work (released
-    // with the graph, on the host) and never retires it.
-    std::shared_ptr<Work> shared(work.release());
-    rt_call([&] {
-      rt::launch(s, name, [shared, threads] {
-        setKernelThreads(threads);
-        try {
-          c10::WarningUtils::WarningHandlerGuard guard(dropWarnings());
-          shared->run();
-        } catch (const c10::Error& e) {
-          throw std::runtime_error(e.what_without_backtrace());
-        }
-      });
-    });
-    return;
-  }
   // The stream's task holds a plain pointer and an int, which std::function
   // stores without another allocation; the work object itself moves to
   // `finished` once it has run.  (Work a stream drops at process exit, or a
@@ -162,36 +176,20 @@ void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> wor
       w->fusible != nullptr && threads == 1 && w->timed == nullptr && adaptiveEager()
           ? w->fusible
           : nullptr;
+  std::function<void()> fn = [w, threads] {
+    struct Retire {
+      Work* w;
+      ~Retire() { finished.push(w); }
+    } retire{w};
+    runWork(*w, threads);
+  };
+  if (rt_call([&] { return rt::launch_uncaptured(s, name, fn, fusible); })) return;
+  // A graph capture (AxonGraph.cpp): its task runs once per replay, so it
+  // shares the work and never retires it.  The graph releases it on the host
+  // (AxonGraph::reset waits for the replays first).
+  std::shared_ptr<Work> shared(w);
   rt_call([&] {
-    rt::launch(s, name, [w, threads] {
-      struct Retire {
-        Work* w;
-        ~Retire() { finished.push(w); }
-      } retire{w};
-      setKernelThreads(threads);
-      const auto t0 = w->timed != nullptr ? std::chrono::steady_clock::now()
-                                          : std::chrono::steady_clock::time_point();
-      try {
-        if (w->quiet) {
-          c10::WarningUtils::WarningHandlerGuard guard(dropWarnings());
-          w->run();
-        } else {
-          w->run();
-        }
-      } catch (const c10::Error& e) {
-        if (w->timed != nullptr) w->timed->record(threads, kFailedRun);
-        // The runtime keeps the message for a later synchronising call; the
-        // C++ backtrace of a worker thread would only bury it.
-        throw std::runtime_error(e.what_without_backtrace());
-      } catch (...) {
-        if (w->timed != nullptr) w->timed->record(threads, kFailedRun);
-        throw;
-      }
-      if (w->timed != nullptr) {
-        w->timed->record(threads, std::chrono::duration<double, std::micro>(
-                                      std::chrono::steady_clock::now() - t0).count());
-      }
-    }, fusible);
+    rt::launch(s, name, [shared, threads] { runWork(*shared, threads); });
   });
 }
 

@@ -39,7 +39,9 @@ class TimedRun {
 
 // One kernel's work: what it captured and how to run it, in one allocation
 // (a launch allocates nothing else).  Owned by the launch until it has run,
-// then by the finished list until the host releases it.
+// then by the finished list until the host releases it.  Launched during a
+// graph capture, it is shared by the graph's task instead, runs once per
+// replay and goes with the graph (AxonGraph::reset waits for the replays).
 class Work {
  public:
   Work() = default;

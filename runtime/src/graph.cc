@@ -1,9 +1,11 @@
 #include "graph.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "device.h"
+#include "profile.h"
 
 namespace axon::rt {
 
@@ -46,6 +48,7 @@ bool capture_task(Stream s, const char* name, std::function<void()>& fn) {
   auto c = active_capture(s);
   if (!c) return false;
   std::lock_guard lk(c->mu);
+  if (c->ended) return false;  // ended meanwhile: the work runs now
   c->tasks.push_back(GraphTask{name, std::move(fn)});
   if (s.id != c->origin) c->side_last[s.id] = c->tasks.size();
   return true;
@@ -64,11 +67,15 @@ void capture_violation(const std::shared_ptr<Capture>& c, const std::string& wha
 void check_device_not_capturing(int d, const char* what) {
   Device* dev = created_device(d);
   if (dev == nullptr || dev->capturing.load(std::memory_order_acquire) == 0) return;
+  const auto me = std::this_thread::get_id();
   std::shared_ptr<Capture> first;
   {
     std::lock_guard lk(dev->capture_mu);
     for (auto& c : dev->captures) {
       if (!c) continue;
+      const bool forbidden = c->mode == CaptureMode::kGlobal ||
+                             (c->mode == CaptureMode::kThreadLocal && c->thread == me);
+      if (!forbidden) continue;
       if (!first) first = c;
       std::lock_guard clk(c->mu);
       if (c->invalid.empty()) c->invalid = what;
@@ -103,7 +110,11 @@ void capture_wait(Stream s, const std::shared_ptr<Capture>& c, int64_t on, size_
   }
 }
 
-void stream_begin_capture(Stream s) {
+namespace {
+std::atomic<uint64_t> g_next_capture_id{1};
+}  // namespace
+
+void stream_begin_capture(Stream s, CaptureMode mode) {
   Device& dev = device(s.device);
   check_stream(s);
   std::lock_guard lk(dev.capture_mu);
@@ -111,7 +122,8 @@ void stream_begin_capture(Stream s) {
     throw Error("axon error: " + stream_name(s.device, s.id) +
                 " is already capturing (a capture is in progress on it)");
   }
-  dev.captures[s.id] = std::make_shared<Capture>(s.device, s.id);
+  dev.captures[s.id] = std::make_shared<Capture>(
+      s.device, s.id, mode, g_next_capture_id.fetch_add(1, std::memory_order_relaxed));
   dev.capturing.fetch_add(1, std::memory_order_release);
 }
 
@@ -153,6 +165,11 @@ Graph* stream_end_capture(Stream s) {
 
 bool stream_is_capturing(Stream s) { return active_capture(s) != nullptr; }
 
+uint64_t stream_capture_id(Stream s) {
+  auto c = active_capture(s);
+  return c ? c->id : 0;
+}
+
 bool device_is_capturing(int d) noexcept {
   if (d < 0 || d >= device_count()) return false;
   Device* dev = created_device(d);
@@ -169,12 +186,33 @@ void graph_launch(Graph* g, Stream s) {
     check_stream(s);
     return;
   }
-  launch(s, "graph replay", [tasks = g->tasks] {
+  // While the profiler records, each recorded task shows inside the replay
+  // (as a CUDA graph's kernels do), linked to the op that replayed it.
+  const uint64_t correlation = profile::recording() ? launch_correlation() : 0;
+  launch(s, "graph replay", [tasks = g->tasks, s, correlation] {
     for (const GraphTask& t : *tasks) {
+      const bool rec = profile::recording();
+      const int64_t start = rec ? device_clock_ns() : 0;
+      std::string failed;
       try {
         t.fn();
       } catch (const std::exception& e) {
-        throw Error(std::string("'") + (t.name ? t.name : "?") + "' failed: " + e.what());
+        failed = e.what();
+      }
+      if (rec) {
+        TaskRecord r;
+        r.device = s.device;
+        r.stream = s.id;
+        r.kind = profile::kind_of(t.name);
+        r.name = t.name ? t.name : "?";
+        r.correlation = correlation;
+        r.start_ns = start;
+        r.end_ns = device_clock_ns();
+        r.failed = !failed.empty();
+        profile::record(std::move(r));
+      }
+      if (!failed.empty()) {
+        throw Error(std::string("'") + (t.name ? t.name : "?") + "' failed: " + failed);
       }
     }
   });

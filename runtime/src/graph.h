@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "axon/runtime.h"
@@ -22,9 +23,14 @@ struct GraphTask {
 };
 
 struct Capture {
-  Capture(int device, int64_t origin) : device(device), origin(origin) {}
+  Capture(int device, int64_t origin, CaptureMode mode, uint64_t id)
+      : device(device), origin(origin), mode(mode), id(id),
+        thread(std::this_thread::get_id()) {}
   const int device;
   const int64_t origin;  // the stream the capture began on
+  const CaptureMode mode;
+  const uint64_t id;
+  const std::thread::id thread;  // the thread that began it
   std::mutex mu;         // guards the rest
   std::vector<GraphTask> tasks;
   std::string invalid;   // the first illegal call, if any
@@ -39,7 +45,8 @@ struct Capture {
 // nothing (one atomic load).
 std::shared_ptr<Capture> active_capture(Stream s);
 
-// Records fn into s's capture and returns true; false if s does not capture.
+// Records fn into s's capture and returns true; false if s does not capture
+// (or its capture just ended).
 bool capture_task(Stream s, const char* name, std::function<void()>& fn);
 
 // s waits for an event recorded during `capture` at `pos` on stream `on`:

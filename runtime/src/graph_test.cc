@@ -1,6 +1,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -132,16 +133,76 @@ TEST(Graph, ForkJoinThroughEvents) {
   event_record(join.e, side);
   stream_wait_event(s, join.e);
   launch(s, "c", [&log] { log.push_back(3); });
-  // Querying an event recorded in the capture is illegal...
   ScopedGraph g(stream_end_capture(s));
   EXPECT_FALSE(stream_is_capturing(side));
   EXPECT_TRUE(log.empty());
   graph_launch(g.g, s);
   stream_synchronize(s);
   EXPECT_EQ(log, (std::vector<int>{1, 2, 3}));
-  // ...and after it, an error that names it.
-  EXPECT_NE(thrown([&] { event_query(join.e); }).find("recorded during a graph capture"),
+  // After the capture, an event recorded in it marks nothing outside the graph.
+  EXPECT_TRUE(event_query(join.e));
+  event_synchronize(join.e);
+}
+
+TEST(Graph, QueryingACapturedEventDuringTheCaptureInvalidates) {
+  const Stream s = fresh_stream();
+  ScopedEvent ev(0);
+  stream_begin_capture(s);
+  event_record(ev.e, s);
+  EXPECT_NE(thrown([&] { event_query(ev.e); }).find("not permitted when stream is capturing"),
             std::string::npos);
+  EXPECT_NE(thrown([&] { graph_destroy(stream_end_capture(s)); }).find("previous error"),
+            std::string::npos);
+}
+
+TEST(Graph, CaptureModesDecideWhoMaySynchronizeTheDevice) {
+  const Stream s = fresh_stream();
+  for (CaptureMode mode : {CaptureMode::kGlobal, CaptureMode::kThreadLocal, CaptureMode::kRelaxed}) {
+    stream_begin_capture(s, mode);
+    EXPECT_NE(stream_capture_id(s), 0u);
+    std::string other;
+    std::thread t([&] { other = thrown([&] { device_synchronize(0); }); });
+    t.join();
+    const bool other_forbidden = mode == CaptureMode::kGlobal;
+    EXPECT_EQ(!other.empty(), other_forbidden) << static_cast<int>(mode) << ": " << other;
+    const std::string mine = thrown([&] { device_synchronize(0); });
+    EXPECT_EQ(!mine.empty(), mode != CaptureMode::kRelaxed) << static_cast<int>(mode);
+    // The capturing stream itself is never synchronisable.
+    EXPECT_FALSE(thrown([&] { stream_synchronize(s); }).empty());
+    EXPECT_FALSE(thrown([&] { graph_destroy(stream_end_capture(s)); }).empty());
+    EXPECT_EQ(stream_capture_id(s), 0u);
+  }
+}
+
+TEST(Graph, JoinedStreamsShareTheCaptureId) {
+  const Stream s = fresh_stream();
+  const Stream side = fresh_stream();
+  ScopedEvent fork(0), join(0);
+  stream_begin_capture(s);
+  const uint64_t id = stream_capture_id(s);
+  event_record(fork.e, s);
+  stream_wait_event(side, fork.e);
+  EXPECT_EQ(stream_capture_id(side), id);
+  event_record(join.e, side);
+  stream_wait_event(s, join.e);
+  graph_destroy(stream_end_capture(s));
+  stream_begin_capture(s);
+  EXPECT_NE(stream_capture_id(s), id);  // a new capture, a new id
+  graph_destroy(stream_end_capture(s));
+}
+
+TEST(Graph, LaunchUncapturedLeavesTheFunctionToTheCaller) {
+  const Stream s = fresh_stream();
+  int runs = 0;
+  std::function<void()> fn = [&runs] { ++runs; };
+  EXPECT_TRUE(launch_uncaptured(s, "k", fn));
+  stream_synchronize(s);
+  EXPECT_EQ(runs, 1);
+  std::function<void()> again = [&runs] { ++runs; };
+  stream_begin_capture(s);
+  EXPECT_FALSE(launch_uncaptured(s, "k", again));
+  EXPECT_TRUE(static_cast<bool>(again));  // not consumed
+  graph_destroy(stream_end_capture(s));
 }
 
 TEST(Graph, UnjoinedStreamFailsTheCapture) {

@@ -109,6 +109,8 @@ Busy* busy_of(int device) noexcept {
 
 }  // namespace
 
+std::atomic<bool> g_busy_on{false};
+
 void busy_begin(int device) noexcept {
   Busy* b = busy_of(device);
   if (b == nullptr) return;
@@ -211,6 +213,7 @@ LaunchStamp launch_stamp_recording() noexcept {
 
 DeviceBusy device_busy(int device) {
   check_device(device);
+  profile::g_busy_on.store(true, std::memory_order_relaxed);
   const int64_t now = profile::coarse_ns();
   return DeviceBusy{profile::busy_at(profile::g_busy[device], now), now};
 }
@@ -218,6 +221,7 @@ DeviceBusy device_busy(int device) {
 int device_utilization(int device) {
   using namespace profile;
   check_device(device);
+  g_busy_on.store(true, std::memory_order_relaxed);
   Busy& b = g_busy[device];
   const int64_t now = coarse_ns();
   const int64_t busy_now = busy_at(b, now);
@@ -269,7 +273,7 @@ std::string StreamState::execute_task(Task& task) noexcept {
     }
     return execute(task.name, task.fn);
   }
-  if (!busy_) {
+  if (!busy_ && profile::busy_on()) {
     busy_ = true;
     profile::busy_begin(device_);
   }
@@ -277,7 +281,7 @@ std::string StreamState::execute_task(Task& task) noexcept {
   const int64_t start = rec ? device_clock_ns() : 0;
   std::string error = execute(task.name, task.fn);
   const int64_t end = rec ? device_clock_ns() : 0;
-  if (posted_.load(std::memory_order_relaxed) == task.seq) {
+  if (busy_ && posted_.load(std::memory_order_relaxed) == task.seq) {
     busy_ = false;
     profile::busy_end(device_);
   }
@@ -303,7 +307,7 @@ std::string StreamState::execute_task(Task& task) noexcept {
 
 FusionResult StreamState::fuse_timed(FusionHook hook, std::vector<Task>& run,
                                      FusibleTask* const* tags, const uint64_t* seqs) noexcept {
-  if (!busy_) {
+  if (!busy_ && profile::busy_on()) {
     busy_ = true;
     profile::busy_begin(device_);
   }
@@ -313,7 +317,7 @@ FusionResult StreamState::fuse_timed(FusionHook hook, std::vector<Task>& run,
   const int64_t end = rec ? device_clock_ns() : 0;
   const size_t ran = result.ran >= 2 && result.ran <= run.size() ? result.ran : 0;
   // Declined (ran == 0): execute_task runs the first next and ends the run.
-  if (ran > 0 && posted_.load(std::memory_order_relaxed) == run[ran - 1].seq) {
+  if (busy_ && ran > 0 && posted_.load(std::memory_order_relaxed) == run[ran - 1].seq) {
     busy_ = false;
     profile::busy_end(device_);
   }

@@ -4,9 +4,10 @@
 // Stream workers call in from StreamState::execute_task and
 // StreamState::fuse_timed (profile.cc); enqueue stamps each task with
 // launch_stamp().  With recording off a task costs the worker one relaxed
-// atomic load for recording, plus the always-on busy accounting: two reads
-// of the coarse monotonic clock and two compare-and-swaps on its device's
-// busy word.
+// atomic load for recording and one for the busy accounting, which starts
+// with the first device_busy/device_utilization call; from then on a busy run
+// of a stream costs two reads of the coarse monotonic clock and two
+// compare-and-swaps on its device's busy word.
 #pragma once
 
 #include <atomic>
@@ -35,7 +36,13 @@ inline bool recording() noexcept { return g_recording.load(std::memory_order_rel
 bool is_marker(const char* name) noexcept;
 TaskKind kind_of(const char* name) noexcept;
 
-// The device has one more (fewer) stream running a task.
+extern std::atomic<bool> g_busy_on;
+
+// Busy accounting is on (never turned off again once on).
+inline bool busy_on() noexcept { return g_busy_on.load(std::memory_order_relaxed); }
+
+// The device has one more (fewer) stream running a task.  A worker calls
+// busy_end only after its own busy_begin.
 void busy_begin(int device) noexcept;
 void busy_end(int device) noexcept;
 

@@ -63,6 +63,20 @@ void launch(Stream s, const char* name, std::function<void()> fn, FusibleTask* f
   }
 }
 
+bool launch_uncaptured(Stream s, const char* name, std::function<void()>& fn,
+                       FusibleTask* fusible) {
+  StreamState& st = stream_state(s);
+  if (!fn) throw Error("axon: launch of an empty function on axon:" + std::to_string(s.device));
+  if (active_capture(s)) return false;
+  const bool blocking = launch_blocking();
+  const uint64_t seq = st.enqueue(name, std::move(fn), blocking ? nullptr : fusible);
+  if (blocking) {
+    st.wait(seq);
+    st.throw_pending_error();
+  }
+  return true;
+}
+
 void stream_synchronize(Stream s) {
   StreamState& st = stream_state(s);
   if (auto c = active_capture(s)) capture_violation(c, "stream_synchronize");

@@ -6,6 +6,7 @@ and illegal calls during a capture raise as CUDA's do."""
 import pytest
 import torch
 import torch.nn.functional as F
+import torch_axon
 
 DEV = "axon"
 
@@ -311,3 +312,119 @@ def test_hf_llama_decode_step_graph_equals_eager():
             want = run(caches[0], pos).cpu()
             g.replay()
             torch.testing.assert_close(static_logits.cpu(), want, atol=0, rtol=0)
+
+
+def test_uncached_allocator_and_capture():
+    """caching_allocator_disabled: memory comes from the device and goes back at
+    once (the cache does not grow), results are right, and a capture refuses."""
+    x = torch.randn(1 << 14, device=DEV)
+    torch.axon.synchronize()
+    before = torch.axon.memory_reserved()
+    with torch.axon.caching_allocator_disabled():
+        y = (x * 2).sin()
+        z = y + 1
+        torch.testing.assert_close(z.cpu(), (x.cpu() * 2).sin() + 1)
+        assert torch.axon.memory_reserved() == before
+        del y, z
+        g = torch.axon.AxonGraph()
+        with pytest.raises(RuntimeError, match="needs the caching allocator"):
+            with torch.axon.graph(g):
+                x.add_(1)
+    assert torch_axon._C._caching_allocator_is_enabled()
+    torch.testing.assert_close((x + 1).cpu(), x.cpu() + 1)
+
+
+def _pool_of(t):
+    ptr = t.untyped_storage().data_ptr()
+    for seg in torch.axon.memory_snapshot():
+        if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
+            return tuple(seg["segment_pool_id"])
+    return None
+
+
+def test_joined_stream_allocates_from_the_graph_pool():
+    x = torch.randn(4096, device=DEV)
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    side = torch.axon.Stream()
+    with torch.axon.graph(g):
+        a = x * 2
+        side.wait_stream(torch.axon.current_stream())
+        with torch.axon.stream(side):
+            b = a + 1  # allocated on a stream that joined the capture
+        torch.axon.current_stream().wait_stream(side)
+        c = b * 3
+    assert _pool_of(a) == _pool_of(b) == _pool_of(c) == tuple(g.pool())
+    g.replay()
+    torch.testing.assert_close(c.cpu(), (x.cpu() * 2 + 1) * 3)
+
+
+def test_reset_waits_for_queued_replays():
+    big = torch.randn(512, 512, device=DEV)
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g):
+        out = (big @ big).relu()
+    want = (big @ big).relu().cpu()
+    s = torch.axon.Stream()
+    with torch.axon.stream(s):
+        for _ in range(3):
+            g.replay()  # queued on another stream than the capture's
+    result = out  # keeps the output alive; the graph and its other memory go
+    g.reset()
+    torch.axon.synchronize()
+    torch.testing.assert_close(result.cpu(), want)
+    del result, out
+    junk = [torch.ones(512, 512, device=DEV) for _ in range(4)]
+    assert all(float(j.sum()) == 512 * 512 for j in junk)
+
+
+@pytest.mark.parametrize("mode,other_thread_may_sync", [("thread_local", True), ("global", False)])
+def test_capture_error_mode_decides_who_may_synchronize(mode, other_thread_may_sync):
+    import threading
+
+    x = torch.randn(16, device=DEV)
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    errors = []
+
+    def other():
+        try:
+            torch.axon.synchronize()
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    s = torch.axon.Stream()
+    with torch.axon.stream(s):
+        g.capture_begin(capture_error_mode=mode)
+        x.mul_(2)
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        if other_thread_may_sync:
+            g.capture_end()
+        else:
+            with pytest.raises(RuntimeError, match="previous error during capture"):
+                g.capture_end()
+    assert (not errors) == other_thread_may_sync, errors
+    if other_thread_may_sync:
+        before = x.cpu()
+        g.replay()
+        torch.testing.assert_close(x.cpu(), before * 2)
+
+
+def test_profiler_shows_the_kernels_of_a_replay():
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(256, 256, device=DEV)
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g):
+        y = torch.relu(x @ x)  # noqa: F841
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        g.replay()
+        torch.axon.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+    assert any("graph replay" in n for n in names), names
+    assert any("mm" in n for n in names) and any("relu" in n for n in names), names

@@ -161,9 +161,10 @@ def utilization(device: _DeviceLike = None) -> int:
     as :func:`torch.cuda.utilization` does for "one or more kernels executing".
 
     The sample period is the last second (``torch_axon._C._utilization_period_ms()``).
-    The runtime always counts each device's busy time (cheaply, with the coarse
-    monotonic clock: a few ms resolution, unbiased over many tasks); a device used
-    for less than a second reports over the time since its first task.  A stream
+    The runtime counts busy time from the first call on (so that a process that
+    never asks pays nothing; the first call reports 0), cheaply, with the coarse
+    monotonic clock: a few ms resolution, unbiased over many tasks.  Less than a
+    second after that first call, it reports over the time since.  A stream
     waiting for another (an event it waits on) is not busy.
 
     Args:

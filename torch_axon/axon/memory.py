@@ -23,6 +23,7 @@ from .. import _C
 from .device import _get_device_index, current_device
 
 __all__ = [
+    "caching_allocator_enable", "caching_allocator_disabled",
     "empty_cache", "memory_stats", "memory_stats_as_nested_dict", "memory_allocated",
     "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "reset_peak_memory_stats", "reset_accumulated_memory_stats", "reset_max_memory_allocated",
@@ -38,6 +39,26 @@ OutOfMemoryError = torch.OutOfMemoryError
 
 def _index(device) -> int:
     return _get_device_index(device, optional=True)
+
+
+def caching_allocator_enable(value: bool = True) -> None:
+    """Turn the caching allocator on or off (on by default), as torch.cuda's.
+
+    Off, each allocation comes straight from the device and each free waits
+    for the device's work first (memory that was cached stays cached); graph
+    capture needs it on."""
+    _C._caching_allocator_enable(bool(value))
+
+
+@contextlib.contextmanager
+def caching_allocator_disabled():
+    """Context manager that turns the caching allocator off for its body."""
+    prev = _C._caching_allocator_is_enabled()
+    caching_allocator_enable(False)
+    try:
+        yield
+    finally:
+        caching_allocator_enable(prev)
 
 
 def empty_cache() -> None:

@@ -354,6 +354,7 @@ class _AxonGraphed:
         self.int_idxs: tuple[int, ...] | None = None
         self.skip_reason: str | None = None
         self.rerecords = 0
+        self.pool = None
 
     def __call__(self, inputs):
         # The hot path (a recorded graph for these sizes): a few dict and
@@ -407,7 +408,14 @@ class _AxonGraphed:
     def _record(self, key, inputs):
         saved = list(inputs)
         try:
-            entry = _Recording(self.model, inputs, self.static_input_idxs, self.device_index)
+            if self.pool is None:
+                import torch
+
+                # One pool for all of this graph's recordings (sizes, re-records),
+                # as cudagraph trees share one per device.
+                self.pool = torch.axon.graph_pool_handle()
+            entry = _Recording(self.model, inputs, self.static_input_idxs, self.device_index,
+                               self.pool)
         except RuntimeError as e:
             self._skip(f"an axon graph capture failure: {e}")
             return self.model(saved)
@@ -422,7 +430,7 @@ _NO_GRAPH = object()
 class _Recording:
     """One recorded graph: static input buffers, the graph, its outputs."""
 
-    def __init__(self, model, inputs, static_input_idxs, device_index: int) -> None:
+    def __init__(self, model, inputs, static_input_idxs, device_index: int, pool=None) -> None:
         import torch
         from torch._inductor import compile_fx as cfx
 
@@ -445,7 +453,8 @@ class _Recording:
             stream.wait_stream(torch.axon.current_stream())
             rng = torch.axon.get_rng_state()
             try:
-                with torch.axon.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
+                with torch.axon.graph(self.graph, pool=pool, stream=stream,
+                                      capture_error_mode="thread_local"):
                     outputs = model(list(self.static_inputs))
             finally:
                 torch.axon.set_rng_state(rng)  # the replays draw the numbers

@@ -287,6 +287,11 @@ using FusionHook = FusionResult (*)(FusibleTask* const* tasks, const uint64_t* s
                                     size_t n) noexcept;
 void set_fusion_hook(FusionHook hook);  // nullptr: tasks always run one by one
 void launch(Stream s, const char* name, std::function<void()> fn, FusibleTask* fusible);
+// launch(), unless s captures: then returns false and leaves fn alone, so a
+// caller whose fn may run only once can record a re-runnable one instead
+// (checking stream_is_capturing first would race with a capture beginning).
+bool launch_uncaptured(Stream s, const char* name, std::function<void()>& fn,
+                       FusibleTask* fusible = nullptr);
 
 // Copies n bytes on the stream, ordered with its other work.  Any mix of host
 // and device pointers.  Returns once the copy is enqueued when both ends are
@@ -357,8 +362,19 @@ int event_device(Event* e);
 // not wait for captured work (there is none queued) and are allowed.
 class Graph;  // opaque
 
+// Who a capture forbids synchronising calls to (cudaStreamCaptureMode).
+// Calls on the capturing streams themselves (stream_synchronize, stream_query,
+// pageable copies, queries of captured events) are illegal in every mode;
+// device_synchronize of the capture's device is illegal from any thread in
+// kGlobal, from the capturing thread in kThreadLocal, never in kRelaxed.
+enum class CaptureMode { kGlobal, kThreadLocal, kRelaxed };
+
 // Throws Error if s already captures (or joined a capture).
-void stream_begin_capture(Stream s);
+void stream_begin_capture(Stream s, CaptureMode mode = CaptureMode::kGlobal);
+// A process-unique id of the capture s records into (also for a stream that
+// joined it), 0 if none.  Lets a layer above recognise its capture's streams
+// (the allocator routes their allocations to the graph's pool).
+uint64_t stream_capture_id(Stream s);
 // Ends the capture begun on s and returns its graph (owned by the caller:
 // graph_destroy).  Throws Error, and ends the capture, if s is not the
 // stream the capture began on, if the capture was invalidated, or if a
@@ -370,7 +386,8 @@ bool device_is_capturing(int device) noexcept;
 // Enqueues the graph's work on s (which may itself be capturing: the replay
 // is then recorded as one task).  s must be on the graph's device.
 void graph_launch(Graph* g, Stream s);
-// Replays still queued keep the work alive; destroying is safe at any time.
+// Replays still queued keep the recorded work alive (a worker then releases
+// it); what the work points to (device memory) must outlive them.
 void graph_destroy(Graph* g);
 size_t graph_num_tasks(const Graph* g);
 int graph_device(const Graph* g);
@@ -434,7 +451,9 @@ TaskRecords take_task_records();
 void set_launch_correlation(uint64_t id) noexcept;
 uint64_t launch_correlation() noexcept;
 
-// Busy time, always counted: the time at least one stream of the device was
+// Busy time, counted from the first device_busy or device_utilization call
+// of the process (before it, workers skip the accounting): the time at least
+// one stream of the device was
 // running work (kernels, copies, collectives, fused runs), from the start of
 // a task until the stream runs out of queued work (the worker's few hundred
 // ns between back-to-back tasks count; a stream waiting for an event does
@@ -449,8 +468,8 @@ DeviceBusy device_busy(int device);
 // Percent (0..100) of the last kUtilizationPeriodMs that the device was busy
 // (torch.cuda.utilization's "percent of time over the past sample period
 // during which one or more kernels was executing").  The busy curve between
-// samples kept every >= 20 ms of activity is interpolated linearly; a device
-// used for less than the period reports over the time since its first task.
+// samples kept every >= 20 ms of activity is interpolated linearly; less than
+// a period after counting started, it reports over the time since.
 constexpr int64_t kUtilizationPeriodMs = 1000;
 int device_utilization(int device);
 
