@@ -414,3 +414,38 @@ def test_profiler_shows_the_kernels_of_a_replay():
     names = [e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
     assert any("graph replay" in n for n in names), names
     assert any("mm" in n for n in names) and any("relu" in n for n in names), names
+
+
+def test_more_misuse_messages(tmp_path):
+    g = torch.axon.AxonGraph()
+    with pytest.raises(RuntimeError, match="pool\\(\\) without a preceding successful capture"):
+        g.pool()
+    with pytest.raises(RuntimeError, match="instantiate without a preceding successful capture"):
+        g.instantiate()
+    x = torch.randn(8, device=DEV)
+    s = torch.axon.Stream()
+    with torch.axon.stream(s):
+        g.capture_begin()
+        x.add_(1)
+    with pytest.raises(RuntimeError, match="Capture must end on the same stream it began on"):
+        g.capture_end()  # the current stream is the default one again
+    with torch.axon.stream(s):
+        g.capture_end()
+    with pytest.raises(RuntimeError, match="call enable_debug_mode\\(\\) before capture"):
+        g.debug_dump(str(tmp_path / "g.txt"))
+
+
+def test_attention_dropout_cannot_be_captured_yet():
+    q = torch.randn(1, 2, 8, 16, device=DEV)
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    with pytest.raises(RuntimeError, match="with dropout cannot be captured in an axon graph yet"):
+        with torch.axon.graph(g):
+            F.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    assert not torch.axon.is_current_stream_capturing()
+    g2 = torch.axon.AxonGraph()
+    with torch.axon.graph(g2):  # without dropout it captures
+        out = F.scaled_dot_product_attention(q, q, q)
+    g2.replay()
+    torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q.cpu(), q.cpu(), q.cpu()),
+                               atol=1e-5, rtol=1e-5)
