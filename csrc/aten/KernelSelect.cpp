@@ -42,18 +42,23 @@ constexpr double kBudgetUs = 40000.0;
 // Handicaps (see KernelSelect.h): ATen's kernel wins when it is faster by
 // this factor, so ties (within a shared machine's noise) keep ours ...
 constexpr double kLibraryMargin = 0.95;
-// ... and the team must save a third of its time and at least
-// kTeamMinSavingUs: its second thread takes the core the host dispatches the
-// next kernels from, and after the kernel OpenMP's threads spin there for a
+// ... and a team must be faster by a margin: OpenMP's (ATen's kernels:
+// variant library/team, and the thread policy of every other kernel) by a
+// quarter and at least kOmpTeamMinSavingUs, because after the kernel its
+// threads spin on the core the host dispatches the next kernels from for a
 // while (libgomp's wait policy, fixed when it loads), which no timing of the
 // kernel itself shows.  Measured on 2 cores (AMD EPYC), decoding a 56M Llama
 // in fp32 at batch 8 (benchmarks/generate.py --select auto,auto/worker): the
-// output projection on the team (830 us faster alone) made each token 1.6 ms
-// slower, a hidden cost of ~2.4 ms per team launch; with every kernel on the
-// team, 16.1 against 11.6 ms per token.  Kernels that save more than that
-// (attention over a long prefill, training's largest kernels) still gain.
-constexpr double kTeamMargin = 0.75;
-constexpr double kTeamMinSavingUs = 2500.0;
+// output projection on OpenMP's team (830 us faster alone) made each token
+// 1.6 ms slower, a hidden cost of ~2.4 ms per team launch; with every kernel
+// on the team, 16.1 against 11.6 ms per token.  Our kernels run on the
+// runtime's compute team instead (Kernels.cpp), whose helpers sleep after a
+// few tens of us: with every one of them on it, the same decode is faster
+// than on the worker (12.5 against 16.3 ms per token), so variant own/team
+// only has to win by kPoolTeamMargin (ties stay on the worker).
+constexpr double kOmpTeamMargin = 0.75;
+constexpr double kOmpTeamMinSavingUs = 2500.0;
+constexpr double kPoolTeamMargin = 0.95;
 // Timed runs per side before a trial decides (after one that warms up).
 constexpr int kTrialRuns = 3;
 // The table file is rewritten at most this often (and at exit).
@@ -68,7 +73,10 @@ Choice variantChoice(int v) { return Choice{isLibrary(v) ? Impl::kLibrary : Impl
 // A variant's time with its handicaps, the quantity the choice minimises.
 double handicapped(int v, double us) {
   double t = isLibrary(v) ? us / kLibraryMargin : us;
-  if (isTeam(v)) t += std::max(t * (1.0 / kTeamMargin - 1.0), kTeamMinSavingUs);
+  if (isTeam(v)) {
+    t = isLibrary(v) ? t + std::max(t * (1.0 / kOmpTeamMargin - 1.0), kOmpTeamMinSavingUs)
+                     : t / kPoolTeamMargin;
+  }
   return t;
 }
 
@@ -261,7 +269,7 @@ std::string cachePath() {
     return "";
   }
   uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a of the format and the machine
-  for (unsigned char c : std::string("kernel_select 2; ") + machine()) {
+  for (unsigned char c : std::string("kernel_select 3; ") + machine()) {
     hash = (hash ^ c) * 0x100000001b3ULL;
   }
   char name[64];
@@ -898,7 +906,8 @@ void ThreadEntry::record(int threads, double us) {
     best[side] = best[side] < 0 ? us : std::min(best[side], us);  // a failed run: 1e300
     if (timed[0] <= kTrialRuns || timed[1] <= kTrialRuns) return;
   }
-  this->threads = best[0] >= 0 && best[1] >= 0 && handicapped(1, best[1]) < best[0] ? 0 : 1;
+  // ATen's kernels: on OpenMP's team (the library/team variant's handicap).
+  this->threads = best[0] >= 0 && best[1] >= 0 && handicapped(3, best[1]) < best[0] ? 0 : 1;
   source = Source::kMeasured;
   dirty = true;
   bump();

@@ -1,22 +1,27 @@
 #include "Kernels.h"
 
-#include <ATen/Parallel.h>
+#include <omp.h>
 
 #include <axon/kernels/parallel.h>
+#include <axon/runtime.h>
 
 namespace at::axon {
 namespace {
 
 namespace k = ::axon::kernels;
 
-// Kernels split work with ATen's thread pool (OpenMP), from the stream worker.
-void aten_parallel_for(int64_t begin, int64_t end, int64_t grain, void* ctx,
+// Our kernels split their loops over the device's compute team (runtime.h
+// "compute team"), as many threads as the thread policy gave this kernel
+// (setKernelThreads sets the calling thread's OpenMP team size; 1: the
+// stream worker alone).  Not OpenMP's team: its threads spin for
+// milliseconds after each loop, on the core the host dispatches from.
+void team_parallel_for(int64_t begin, int64_t end, int64_t grain, void* ctx,
                        k::ParallelBody body) {
-  at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { body(ctx, b, e); });
+  ::axon::rt::team_parallel_for(omp_get_max_threads(), begin, end, grain, ctx, body);
 }
 
 }  // namespace
 
-void installKernelParallelBackend() { k::set_parallel_backend(&aten_parallel_for); }
+void installKernelParallelBackend() { k::set_parallel_backend(&team_parallel_for); }
 
 }  // namespace at::axon

@@ -473,4 +473,32 @@ DeviceBusy device_busy(int device);
 constexpr int64_t kUtilizationPeriodMs = 1000;
 int device_utilization(int device);
 
+// ---------------------------------------------------------------- compute team
+// The host threads a kernel spreads its loop over (issue 17): the calling
+// thread (a stream's worker) and up to `threads - 1` helper threads the
+// runtime starts on first use.  Helpers spin for a few tens of microseconds
+// after a loop (back-to-back loops start at once), then sleep in the kernel,
+// so between kernels they leave the cores to the host's threads (an OpenMP
+// team spins there for milliseconds).  One loop runs on the team at a time: a
+// second caller, and a loop nested in a team loop, run serially on the
+// calling thread.
+
+using TeamBody = void (*)(void* ctx, int64_t begin, int64_t end);
+// Splits [begin, end) into chunks of at least `grain` iterations (but for the
+// last), runs body(ctx, b, e) once for each chunk, on the calling thread and
+// up to threads - 1 helpers, and returns when every chunk has run.  A chunk
+// a helper has not started when the caller runs out of work is run by the
+// caller.  An exception thrown by the body is rethrown here (the first one;
+// the other chunks still run).
+void team_parallel_for(int threads, int64_t begin, int64_t end, int64_t grain, void* ctx,
+                       TeamBody body);
+struct TeamStats {
+  int helpers = 0;            // helper threads started
+  int sleeping = 0;           // of them, asleep now
+  uint64_t loops = 0;         // loops run on the team
+  uint64_t serial_loops = 0;  // loops run serially (team busy, nested, one chunk)
+  uint64_t helper_chunks = 0; // chunks helpers ran
+};
+TeamStats team_stats() noexcept;
+
 }  // namespace axon::rt
