@@ -70,14 +70,18 @@ constexpr bool isLibrary(int v) { return v >= 2; }
 constexpr bool isTeam(int v) { return (v & 1) != 0; }
 Choice variantChoice(int v) { return Choice{isLibrary(v) ? Impl::kLibrary : Impl::kOwn,
                                             isTeam(v) ? 0 : 1}; }
-// A variant's time with its handicaps, the quantity the choice minimises.
+// A time on a team with the team's handicap.
+double teamHandicapped(TeamKind team, double us) {
+  return team == TeamKind::kCompute
+             ? us / kPoolTeamMargin
+             : us + std::max(us * (1.0 / kOmpTeamMargin - 1.0), kOmpTeamMinSavingUs);
+}
+// A variant's time with its handicaps, the quantity the choice minimises
+// (ours run on the compute team, ATen's on OpenMP's).
 double handicapped(int v, double us) {
-  double t = isLibrary(v) ? us / kLibraryMargin : us;
-  if (isTeam(v)) {
-    t = isLibrary(v) ? t + std::max(t * (1.0 / kOmpTeamMargin - 1.0), kOmpTeamMinSavingUs)
-                     : t / kPoolTeamMargin;
-  }
-  return t;
+  const double t = isLibrary(v) ? us / kLibraryMargin : us;
+  if (!isTeam(v)) return t;
+  return teamHandicapped(isLibrary(v) ? TeamKind::kOpenMp : TeamKind::kCompute, t);
 }
 
 struct Entry {
@@ -294,6 +298,7 @@ std::mutex& file_mutex = *new std::mutex;  // one writer per process
 struct ThreadEntry final : TimedRun {
   std::string kernel;
   uint8_t elements = 0;
+  TeamKind team = TeamKind::kOpenMp;
   Source source = Source::kUnmeasured;  // guarded by table_mutex
   std::atomic<int> threads{1};          // the choice once measured or loaded
   double best[2] = {-1, -1};            // worker, team; -1: none timed
@@ -906,14 +911,13 @@ void ThreadEntry::record(int threads, double us) {
     best[side] = best[side] < 0 ? us : std::min(best[side], us);  // a failed run: 1e300
     if (timed[0] <= kTrialRuns || timed[1] <= kTrialRuns) return;
   }
-  // ATen's kernels: on OpenMP's team (the library/team variant's handicap).
-  this->threads = best[0] >= 0 && best[1] >= 0 && handicapped(3, best[1]) < best[0] ? 0 : 1;
+  this->threads = best[0] >= 0 && best[1] >= 0 && teamHandicapped(team, best[1]) < best[0] ? 0 : 1;
   source = Source::kMeasured;
   dirty = true;
   bump();
 }
 
-int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work) {
+int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, TeamKind team) {
   switch (threadsMode()) {
     case ThreadsMode::kWorker: return 1;
     case ThreadsMode::kTeam: return 0;
@@ -939,6 +943,7 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work) {
     t = new ThreadEntry();  // never freed (see entries)
     t->kernel = name;
     t->elements = cls;
+    t->team = team;
     auto it = file_threads.find(fileThreadKey(t->kernel, cls));
     if (it != file_threads.end()) {
       t->source = Source::kLoaded;

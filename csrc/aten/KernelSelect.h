@@ -218,19 +218,25 @@ struct KernelSize {
   }
 };
 
+// Which team a kernel's loops run on: ATen's kernels on OpenMP's, ours
+// (kernels/, user kernels) on the runtime's compute team (Kernels.cpp).  The
+// team's handicap depends on it (KernelSelect.cpp).
+enum class TeamKind : uint8_t { kOpenMp, kCompute };
+
 // The thread policy of a kernel without a selection (CpuKernel.h): the
 // threads of this launch of `name` (an interned or literal name) whose
 // tensors hold `bytes`, the largest of them `largest` elements; sets
-// work.timed when the launch is a trial.
-int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work);
+// work.timed when the launch is a trial.  A name is measured for one team.
+int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work,
+               TeamKind team = TeamKind::kOpenMp);
 
-// Launches fn (a callable without arguments) on the threads threadsFor()
-// picks (sizes as there).
+// Launches fn (a callable without arguments: one of our kernels) on the
+// threads threadsFor() picks (sizes as there).
 template <typename Fn>
 void launchWithThreadPolicy(c10::DeviceIndex device, const char* name, int64_t bytes,
                             int64_t largest, Fn&& fn) {
   std::unique_ptr<Work> work = functionWork(std::function<void()>(std::forward<Fn>(fn)));
-  const int threads = threadsFor(name, bytes, largest, *work);
+  const int threads = threadsFor(name, bytes, largest, *work, TeamKind::kCompute);
   launch(device, name, std::move(work), threads);
 }
 

@@ -50,6 +50,27 @@ def test_trials_decide_and_results_match(isolated):
     assert row[6] + row[7] == launches and row[6] >= 4 and row[7] >= 4
 
 
+@pytest.mark.skipif(not TEAM, reason="one thread: the team is the worker, nothing to decide")
+def test_our_kernels_are_measured_for_the_compute_team(isolated):
+    """Our kernels without a selection (here rms_norm's backward) run their loops on the
+    runtime's compute team, whose helpers sleep after a loop: it only has to be 5% faster."""
+    torch.ops.axon._set_kernel_threads("auto")
+    x, w = make((512, 512), torch.float32, seed=4), make((512,), torch.float32, seed=5)
+    g = make((512, 512), torch.float32, seed=6)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    torch.nn.functional.rms_norm(xr, (512,), wr, 1e-6).backward(g)
+    launches = 12
+    for _ in range(launches):
+        xa, wa = x.axon().requires_grad_(), w.axon().requires_grad_()
+        torch.nn.functional.rms_norm(xa, (512,), wa, 1e-6).backward(g.axon())
+        assert_same(xa.grad, xr.grad, accum=True)
+        assert_same(wa.grad, wr.grad, accum=True)
+    [row] = rows("aten::_fused_rms_norm_backward")
+    assert row[3] == "measured" and row[4] > 0 and row[5] > 0
+    assert (row[2] == "team") == (row[5] / 0.95 < row[4])
+    assert row[6] + row[7] == launches
+
+
 @pytest.mark.parametrize("mode", ["worker", "team", "auto"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_in_place_ops_run_once_whichever_side(mode, dtype, isolated):
