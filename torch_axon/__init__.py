@@ -48,3 +48,12 @@ def _autoload() -> None:
 _autoload()
 
 from .axon import fallback_stats, reset_fallback_stats  # noqa: E402,F401
+
+
+def __getattr__(name: str):
+    # Submodules loaded on first use: torch_axon.kernel (the Axon Kernel Interface).
+    if name == "kernel":
+        import importlib
+
+        return importlib.import_module(".kernel", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
