@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/kernels.py --select own,library,auto   # axon's kernel choice side by side
 
 Kernels: F.linear of decoding's few rows (1 and 8 rows by 512 -> 1408, 1 row by 512 -> 32000,
-the lm_head), F.rms_norm (with weight), torch.softmax(dim=-1), F.scaled_dot_product_attention
+the lm_head) and of a training step's 2048 rows (512 -> 1408: the float32 GEMM), F.rms_norm (with weight), torch.softmax(dim=-1), F.scaled_dot_product_attention
 (causal prefill, and a q_len=1 decode step), forward and forward+backward; and one
 torch.optim.AdamW step over parameters shaped like the ~56M-parameter Llama of
 generate.py / train_step.py (fused=True, foreach=True, and the torch default, which is
@@ -272,7 +272,8 @@ def main() -> None:
     C.resolve_defaults(a, dict(repeats=(2, 5), min_time=(0.01, 0.1), batch=(2, 8), seq=(64, 256),
                                heads=(4, 8), head_dim=(32, 64), kv_len=(128, 512),
                                norm_dims=("128,512", "512,2048"),
-                               linear=("1x64x96,4x64x128", "1x512x1408,8x512x1408,1x512x32000")))
+                               linear=("1x64x96,4x64x128,64x64x96",
+                                       "1x512x1408,8x512x1408,1x512x32000,2048x512x1408")))
     a.norm_dims = [int(x) for x in str(a.norm_dims).split(",")]
     a.linear_shapes = [tuple(int(v) for v in x.split("x")) for x in a.linear.split(",") if x]
     C.parse_select(p, a)

@@ -77,11 +77,13 @@ double teamHandicapped(TeamKind team, double us) {
              : us + std::max(us * (1.0 / kOmpTeamMargin - 1.0), kOmpTeamMinSavingUs);
 }
 // A variant's time with its handicaps, the quantity the choice minimises
-// (ours run on the compute team, ATen's on OpenMP's).
-double handicapped(int v, double us) {
+// (ours run on the compute team, ATen's on OpenMP's; op gemm's "own" is
+// oneDNN's, on OpenMP's too).
+double handicapped(int v, double us, Op op) {
   const double t = isLibrary(v) ? us / kLibraryMargin : us;
   if (!isTeam(v)) return t;
-  return teamHandicapped(isLibrary(v) ? TeamKind::kOpenMp : TeamKind::kCompute, t);
+  const bool omp = isLibrary(v) || op == Op::kGemm;
+  return teamHandicapped(omp ? TeamKind::kOpenMp : TeamKind::kCompute, t);
 }
 
 struct Entry {
@@ -100,7 +102,8 @@ struct Entry {
 const char* const kOpNames[] = {"linear",           "softmax",           "log_softmax",
                                 "softmax_backward", "log_softmax_backward", "layer_norm",
                                 "layer_norm_backward", "rms_norm",        "rms_norm_backward",
-                                "attention",        "attention_backward", "adam"};
+                                "attention",        "attention_backward", "adam",
+                                "gemm"};
 static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == static_cast<size_t>(Op::kCount));
 
 const char* dtypeName(c10::ScalarType t) {
@@ -119,7 +122,7 @@ std::string shapeName(const Key& k) {
   static const char* const attention[] = {"bh", "q", "kv", "d"};
   static const char* const adam[] = {"elements", "tensors", "", ""};
   const char* const* names =
-      k.op == Op::kLinear ? linear
+      (k.op == Op::kLinear || k.op == Op::kGemm) ? linear
       : (k.op == Op::kAttention || k.op == Op::kAttentionBackward) ? attention
       : k.op == Op::kAdam ? adam : rows;
   std::string s;
@@ -273,7 +276,7 @@ std::string cachePath() {
     return "";
   }
   uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a of the format and the machine
-  for (unsigned char c : std::string("kernel_select 3; ") + machine()) {
+  for (unsigned char c : std::string("kernel_select 4; ") + machine()) {
     hash = (hash ^ c) * 0x100000001b3ULL;
   }
   char name[64];
@@ -591,12 +594,12 @@ void maybeSave() {
 }
 
 // The variant with the smallest handicapped time among `mask`, or -1.
-int best(const std::array<double, kVariants>& us, uint8_t mask) {
+int best(const std::array<double, kVariants>& us, uint8_t mask, Op op) {
   int winner = -1;
   double score = std::numeric_limits<double>::infinity();
   for (int v = 0; v < kVariants; ++v) {
     if (!(mask & (1 << v)) || us[v] < 0) continue;
-    const double s = handicapped(v, us[v]);
+    const double s = handicapped(v, us[v], op);
     if (s < score) {
       score = s;
       winner = v;
@@ -707,11 +710,11 @@ Lookup lookup(const Key& key) {
   if (__builtin_popcount(l.allowed) == 1) {
     l.choice = variantChoice(__builtin_ctz(l.allowed));
   } else if (known(e.source) && (l.allowed & ~measuredMask(e)) == 0 &&
-             best(e.us, l.allowed) >= 0) {
+             best(e.us, l.allowed, key.op) >= 0) {
     // The table's choice (as measured, or as someone edited the file) when
     // the modes leave every variant open.
     l.choice = variantChoice(l.allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant
-                                                                      : best(e.us, l.allowed));
+                                                                      : best(e.us, l.allowed, key.op));
   }
   if (l.choice) {
     count(e, l.choice->impl);
@@ -815,7 +818,7 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
       if (mask & (1 << v)) us[v] = std::numeric_limits<double>::infinity();
     }
   }
-  int winner = best(us, mask);
+  int winner = best(us, mask, key.op);
   if (winner < 0) {
     // Only ATen's kernel was allowed, and it failed: run it once more so that
     // its error is the launch's.
@@ -835,7 +838,7 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
   e.source = Source::kMeasured;
   // The full auto mode's choice, once every variant this machine has is measured.
   const uint8_t available = teamAvailable() && kernelTeamSize() > 1 ? 0xf : 0b0101;
-  if ((available & ~measuredMask(e)) == 0) e.auto_variant = best(e.us, available);
+  if ((available & ~measuredMask(e)) == 0) e.auto_variant = best(e.us, available, e.key.op);
   count(e, impl);
   dirty = true;
   bump();
@@ -890,7 +893,7 @@ void recordTrial(void* trial, int variant, double us) {
   }
   e.source = Source::kMeasured;
   const uint8_t available = teamAvailable() ? 0xf : 0b0101;
-  if ((available & ~issued) == 0) e.auto_variant = best(e.us, available);
+  if ((available & ~issued) == 0) e.auto_variant = best(e.us, available, e.key.op);
   dirty = true;
   bump();
 }

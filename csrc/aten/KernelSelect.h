@@ -3,6 +3,7 @@
 // 1. Kernel selection: for an op that has a kernel of ours (kernels/) and
 //    ATen's CPU kernel (MKL, oneDNN, ATen's vectorised loops), which one a
 //    launch runs and on how many threads, per (op, dtype, shape class, layout).
+//    (Op::kGemm's "own" is not ours: oneDNN's float32 GEMM against MKL's.)
 // 2. Thread policy: for every other kernel (ATen's CPU kernels run as stream
 //    work, CpuKernel.h), whether it runs on the stream worker alone or on the
 //    worker's OpenMP team, per (kernel, class of elements touched).
@@ -99,6 +100,11 @@ enum class Op : uint8_t {
   kAttention,           // fused attention forward: batch*heads, q, kv, head dim; causal, mask
   kAttentionBackward,   // its backward: the same
   kAdam,                // _fused_adam(w)_: elements, tensors; amsgrad, grad scale
+  // float32 mm / addmm (+ out=) beyond kLinear: m, k, n; bias.  "own" is
+  // oneDNN's GEMM (ATen's mkldnn_matmul, JIT-generated for the ISA; ATen
+  // uses it for 16-bit only), "library" ATen's float32 GEMM (MKL).  Both on
+  // OpenMP's team.
+  kGemm,
   kCount
 };
 

@@ -86,6 +86,73 @@ def test_linear_zero_size_and_other_shapes(mode, isolated, no_fallback):
         assert_same(F.linear(x.axon(), w.axon()), F.linear(x, w), accum=True)
 
 
+# ---------------------------------------------------------------- float32 GEMM
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+def test_gemm(mode, layout, isolated, no_fallback):
+    """float32 mm / addmm beyond the small-M kernel: oneDNN's GEMM ("own") or ATen's
+    (MKL), every form: mm, F.linear, addmm with beta/alpha and a 1-D, 2-D or broadcast
+    bias, beta=0 ignoring a NaN bias, and the out= forms."""
+    torch.ops.axon._set_kernel_select(mode)
+    m, k, n = 40, 24, 36
+    if layout == "contiguous":
+        a, b = make((m, k), torch.float32, seed=1), make((k, n), torch.float32, seed=2)
+    elif layout == "transposed":  # F.linear's weight.t()
+        a, b = make((m, k), torch.float32, seed=1), make((n, k), torch.float32, seed=2).t()
+    else:  # every other column / row
+        a = make((m, 2 * k), torch.float32, seed=1)[:, ::2]
+        b = make((2 * k, n), torch.float32, seed=2)[::2]
+    before = runs("gemm")
+    aa, ba = a.axon(), b.axon()
+    assert_same(torch.mm(aa, ba), torch.mm(a, b), accum=True)
+    for bias in (make((n,), torch.float32, seed=3), make((m, n), torch.float32, seed=4),
+                 make((m, 1), torch.float32, seed=5)):
+        for beta, alpha in ((1, 1), (0.5, 2.0)):
+            expected = torch.addmm(bias, a, b, beta=beta, alpha=alpha)
+            got = torch.addmm(bias.axon(), aa, ba, beta=beta, alpha=alpha)
+            assert_same(got, expected, accum=True)
+            out = torch.empty(m, n, device="axon")
+            torch.addmm(bias.axon(), aa, ba, beta=beta, alpha=alpha, out=out)
+            assert_same(out, expected, accum=True)
+    nan_bias = torch.full((n,), float("nan"))
+    got = torch.addmm(nan_bias.axon(), aa, ba, beta=0)
+    assert_same(got, torch.addmm(nan_bias, a, b, beta=0), accum=True)
+    assert not got.isnan().any()
+    out = torch.empty(m, n, device="axon")
+    torch.mm(aa, ba, out=out)
+    assert_same(out, torch.mm(a, b), accum=True)
+    check_side("gemm", mode, before)
+
+
+def test_gemm_other_forms_take_aten(isolated, no_fallback):
+    """What the GEMM selection does not take (16-bit, zero-size, an out= that aliases an
+    operand, a non-contiguous out=, mkldnn disabled) still matches the CPU."""
+    torch.ops.axon._set_kernel_select("own")
+    before = runs("gemm")
+    for dtype in (torch.bfloat16, torch.float16):
+        a, b = make((20, 16), dtype, seed=1), make((16, 12), dtype, seed=2)
+        assert_same(torch.mm(a.axon(), b.axon()), torch.mm(a, b), dtype=dtype, accum=True)
+    for m, k, n in [(0, 16, 8), (20, 0, 8), (20, 16, 0)]:
+        a, b = make((m, k), torch.float32, seed=1), make((k, n), torch.float32, seed=2)
+        assert_same(torch.mm(a.axon(), b.axon()), torch.mm(a, b), accum=True)
+    a = make((16, 16), torch.float32, seed=3)
+    aa = a.axon()
+    torch.mm(aa, aa.clone(), out=aa)  # out aliases an operand: ATen's checks
+    assert_same(aa, torch.mm(a, a.clone(), out=a), accum=True)
+    out = torch.empty(16, 32, device="axon")[:, ::2]
+    torch.mm(aa, aa, out=out)
+    assert_same(out, torch.mm(a, a), accum=True)
+    assert runs("gemm") == before
+    torch._C._set_mkldnn_enabled(False)  # torch.backends.mkldnn.flags(enabled=False)
+    try:
+        b = make((16, 16), torch.float32, seed=4)
+        assert_same(torch.mm(aa, b.axon()), torch.mm(a, b), accum=True)
+    finally:
+        torch._C._set_mkldnn_enabled(True)
+    assert runs("gemm") == before
+
+
 # ---------------------------------------------------------------- softmax
 
 @pytest.mark.parametrize("mode", MODES)

@@ -2,11 +2,14 @@
 // distances, triangular solves, addr.
 //   fused kernel: mm/addmm (and their out=) of up to 8 rows by a transposed
 //     weight (F.linear when decoding) run kernels/linear or ATen's GEMM,
-//     whichever measured faster on this machine (KernelSelect.h); other shapes take
-//     the structured path (StructuredKernel.h) to ATen's GEMM;
+//     whichever measured faster on this machine (KernelSelect.h); other float32
+//     ones oneDNN's GEMM or ATen's (MKL), measured the same way; other shapes
+//     take the structured path (StructuredKernel.h) to ATen's GEMM;
 //   native stream kernels: bmm, baddbmm (structured); addr.out (device checks,
 //     then ATen's composite);
 //   generic stream kernel: the rest.  LAPACK-based ops stay in the fallback.
+#include <ATen/Context.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/ops/addr_native.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/addmm_meta.h>
@@ -95,6 +98,90 @@ at::Tensor launch_small_linear(const at::Tensor& a, const at::Tensor& b, const a
   return out;
 }
 
+// ------------------------------------------------------------ float32 GEMM
+
+}  // namespace
+}  // namespace at::axon
+
+// oneDNN's matmul (aten/src/ATen/native/mkldnn/Matmul.cpp, exported by
+// libtorch_cpu, header not installed): result = beta * result + alpha * mat1 @ mat2.
+namespace at::native {
+TORCH_API void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2,
+                             const at::Tensor& result, float beta, float alpha);
+}  // namespace at::native
+
+namespace at::axon {
+namespace {
+
+// float32 mm / addmm beyond the small-M kernel: oneDNN's GEMM (JIT-generated
+// for the machine's ISA; ATen calls it for 16-bit types only) or ATen's
+// float32 GEMM (MKL), per (m, k, n class, bias) by measurement (Op::kGemm).
+// On the AMD EPYC development VM oneDNN's runs at ~2.3x MKL's there (MKL
+// takes its AVX2 path on AMD); on an Intel CPU MKL may win.
+bool gemm_selectable(const at::Tensor& a, const at::Tensor& b) {
+  static const bool onednn = at::hasMKLDNN();
+  return onednn && at::globalContext().userEnabledMkldnn() && a.dim() == 2 && b.dim() == 2 &&
+         a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
+         a.device() == b.device() && a.device().type() == kAxon && a.size(1) == b.size(0) &&
+         a.numel() > 0 && b.numel() > 0 && !a.is_conj() && !b.is_conj() && !a.is_neg() &&
+         !b.is_neg();
+}
+
+bool gemm_bias(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
+  return bias.defined() && bias.scalar_type() == at::kFloat && bias.device() == a.device() &&
+         bias.dim() <= 2 && !bias.is_conj() && !bias.is_neg() &&
+         at::is_expandable_to(bias.sizes(), {a.size(0), b.size(1)});
+}
+
+// An out= result the GEMM writes as is: float32 [m, n], contiguous, on the
+// operands' device, sharing no memory with them (otherwise ATen's out= path).
+bool gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
+  return out.scalar_type() == at::kFloat && out.device() == a.device() && out.dim() == 2 &&
+         out.size(0) == a.size(0) && out.size(1) == b.size(1) && out.is_contiguous() &&
+         !out.is_alias_of(a) && !out.is_alias_of(b);
+}
+
+void launch_gemm_into(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                      float beta, float alpha, at::Tensor& out, const char* name) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const kselect::Key key =
+      kselect::makeKey(kselect::Op::kGemm, at::kFloat, {m, k, n},
+                       bias.defined() ? kselect::kBias : 0);
+  auto own = [&] {
+    return [ca = cpu_kernel::capture(a), cb = cpu_kernel::capture(b),
+            cbias = cpu_kernel::capture(bias), co = cpu_kernel::capture(out), beta, alpha] {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      at::Tensor o = co.view();
+      if (cbias.defined() && beta != 0.0f) {
+        o.copy_(cbias.view().expand_as(o));
+        at::native::mkldnn_matmul(ca.view(), cb.view(), o, beta, alpha);
+      } else {
+        at::native::mkldnn_matmul(ca.view(), cb.view(), o, 0.0f, alpha);
+      }
+    };
+  };
+  auto library = [&] {
+    return [ca = cpu_kernel::capture(a), cb = cpu_kernel::capture(b),
+            cbias = cpu_kernel::capture(bias), co = cpu_kernel::capture(out), beta, alpha] {
+      at::Tensor o = co.view();
+      if (cbias.defined()) {
+        at::cpu::addmm_outf(cbias.view(), ca.view(), cb.view(), beta, alpha, o);
+      } else {
+        at::cpu::mm_outf(ca.view(), cb.view(), o);
+      }
+    };
+  };
+  kselect::launchSelected(a.device().index(), name, key, own, library);
+}
+
+at::Tensor launch_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                       float beta, float alpha, const char* name) {
+  at::Tensor out = emptyDevice({a.size(0), b.size(1)}, {b.size(1), 1}, at::kFloat,
+                               a.device().index());
+  launch_gemm_into(a, b, bias, beta, alpha, out, name);
+  return out;
+}
+
 // An out= result the small-M kernel can write as is: rows of a's dtype and the
 // right shape, unit column stride, sharing no memory with the operands
 // (otherwise ATen's out= path: resize, overlap checks, MKL).
@@ -106,6 +193,9 @@ bool small_linear_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor
 }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  if (!small_linear(a, b) && gemm_selectable(a, b)) {
+    return launch_gemm(a, b, at::Tensor(), 0.0f, 1.0f, MmName::value());
+  }
   if (!small_linear(a, b)) {
     return Functional<at::meta::structured_mm, 1, MmName, T(const T&, const T&),
                       &at::cpu::mm_outf>::run(a, b);
@@ -117,8 +207,14 @@ at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& 
                  const at::Scalar& beta, const at::Scalar& alpha) {
   const bool plain = !beta.isComplex() && !alpha.isComplex() && beta.toDouble() == 1.0 &&
                      alpha.toDouble() == 1.0;
-  if (!plain || !small_linear(a, b) || bias.dim() != 1 || bias.scalar_type() != a.scalar_type() ||
-      bias.device() != a.device() || bias.size(0) != b.size(1) || bias.stride(0) != 1) {
+  const bool small = plain && small_linear(a, b) && bias.dim() == 1 &&
+                     bias.scalar_type() == a.scalar_type() && bias.device() == a.device() &&
+                     bias.size(0) == b.size(1) && bias.stride(0) == 1;
+  if (!small && gemm_selectable(a, b) && gemm_bias(bias, a, b) && !beta.isComplex() &&
+      !alpha.isComplex()) {
+    return launch_gemm(a, b, bias, beta.toFloat(), alpha.toFloat(), AddmmName::value());
+  }
+  if (!small) {
     return Functional<at::meta::structured_addmm, 1, AddmmName,
                       T(const T&, const T&, const T&, const S&, const S&),
                       &at::cpu::addmm_outf>::run(bias, a, b, beta, alpha);
@@ -132,6 +228,10 @@ at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
     launch_small_linear_into(a, b, at::Tensor(), out, MmName::value());
     return out;
   }
+  if (gemm_selectable(a, b) && gemm_out(a, b, out)) {
+    launch_gemm_into(a, b, at::Tensor(), 0.0f, 1.0f, out, MmName::value());
+    return out;
+  }
   return Structured<at::meta::structured_mm, 1, MmName, &at::cpu::mm_outf>::run(a, b, out);
 }
 
@@ -143,6 +243,11 @@ at::Tensor& addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Ten
       bias.scalar_type() == a.scalar_type() && bias.device() == a.device() &&
       bias.size(0) == b.size(1) && bias.stride(0) == 1 && !out.is_alias_of(bias)) {
     launch_small_linear_into(a, b, bias, out, AddmmName::value());
+    return out;
+  }
+  if (gemm_selectable(a, b) && gemm_out(a, b, out) && gemm_bias(bias, a, b) &&
+      !out.is_alias_of(bias) && !beta.isComplex() && !alpha.isComplex()) {
+    launch_gemm_into(a, b, bias, beta.toFloat(), alpha.toFloat(), out, AddmmName::value());
     return out;
   }
   return Structured<at::meta::structured_addmm, 1, AddmmName, &at::cpu::addmm_outf>::run(
