@@ -23,16 +23,9 @@ def _kernels():
 
 
 def _direct(*tensors) -> bool:
-    """Whether a call may skip the custom op's dispatch (~6 us a call): not traced, no
-    autograd, plain tensors, no torch function or dispatch mode active."""
-    if (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
-            or torch._C._len_torch_dispatch_stack()):
-        return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
-            return False
-    return True
+    from torch_axon.kernel import can_skip_dispatch
+
+    return can_skip_dispatch(*tensors)
 
 
 def _on_axon(*ts):
