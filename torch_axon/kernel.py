@@ -97,6 +97,9 @@ __all__ = ["load", "include_path", "build_info", "KernelLibrary", "KernelFunctio
 _INCLUDE = Path(__file__).resolve().parent / "include"
 _CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC")
 _C_FLAGS = ("-O3", "-march=native", "-std=c11", "-fPIC")
+# A symbol the library uses but nothing defines fails the build (with the linker's
+# message), not the first load of a cached library.
+_LD_FLAGS = ("-Wl,--no-undefined",)
 _HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".inc", ".inl")
 _C_SUFFIXES = (".c",)
 
@@ -370,8 +373,9 @@ def _build(name, files, header_dirs, root: Path, final: Path, cflags, ldflags, c
     tmp = Path(tempfile.mkdtemp(prefix=f".build-{final.name}-", dir=root))
     try:
         srcs = []
-        for fname, text, is_c in files:
-            p = tmp / fname
+        for i, (fname, text, is_c) in enumerate(files):
+            # Numbered: two sources may share a file name (a/k.cpp, b/k.cpp).
+            p = tmp / (fname if len(files) == 1 else f"{i}-{fname}")
             p.write_text(text)
             srcs.append((p, is_c))
         includes = [f"-I{_INCLUDE}"] + [f"-I{d}" for d in dict.fromkeys(header_dirs)]
@@ -381,7 +385,7 @@ def _build(name, files, header_dirs, root: Path, final: Path, cflags, ldflags, c
             src, is_c = srcs[0]
             base = [cc, *_C_FLAGS] if is_c else [cxx, *_CXX_FLAGS]
             commands.append([*base, "-shared", *includes, *cflags, str(src), "-o", str(so),
-                             *ldflags])
+                             *_LD_FLAGS, *ldflags, "-lm"])
         else:
             objs = []
             for i, (src, is_c) in enumerate(srcs):
@@ -389,7 +393,8 @@ def _build(name, files, header_dirs, root: Path, final: Path, cflags, ldflags, c
                 base = [cc, *_C_FLAGS] if is_c else [cxx, *_CXX_FLAGS]
                 commands.append([*base, "-c", *includes, *cflags, str(src), "-o", str(obj)])
                 objs.append(str(obj))
-            commands.append([cxx, "-shared", "-fPIC", *objs, "-o", str(so), *ldflags])
+            commands.append([cxx, "-shared", "-fPIC", *objs, "-o", str(so), *_LD_FLAGS,
+                             *ldflags, "-lm"])
         t0 = time.perf_counter()
         output = ""
         for cmd in commands:
@@ -410,7 +415,12 @@ def _build(name, files, header_dirs, root: Path, final: Path, cflags, ldflags, c
             if not (final / so.name).is_file():
                 # A directory without its library (removed by hand): replace it.
                 shutil.rmtree(final, ignore_errors=True)
-                os.rename(tmp, final)
+                try:
+                    os.rename(tmp, final)
+                except OSError:
+                    if not (final / so.name).is_file():  # not another process's install
+                        raise RuntimeError(f"axon kernel '{name}': cannot install the built "
+                                           f"library into {final}") from None
         return compile_s, commands, output
     finally:
         if tmp.exists():

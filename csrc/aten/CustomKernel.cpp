@@ -84,6 +84,7 @@ class ScratchArena {
     for (Block& b : blocks_) std::free(b.data);
   }
   void* get(size_t bytes) {
+    if (bytes > (size_t{1} << 62)) return nullptr;  // no such memory (and no overflow below)
     bytes = (std::max<size_t>(bytes, 1) + 63) & ~size_t{63};
     std::lock_guard<std::mutex> g(mutex_);
     if (!blocks_.empty()) {

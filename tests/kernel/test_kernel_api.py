@@ -219,6 +219,13 @@ AXON_KERNEL(scratch_probe) {
   }
   out(0) = ok;
 }
+
+// Impossible scratch sizes: nullptr, not a wrapped-around small block.
+AXON_KERNEL(scratch_huge) {
+  View<int64_t> out = as<int64_t>(args->tensors[0]);
+  out(0) = scratch<double>(ctx, static_cast<size_t>(-1) / 4) == nullptr &&
+           ctx->scratch(ctx->impl, static_cast<size_t>(-1) - 10) == nullptr;
+}
 """
 
 ISA_FLAGS = {"native": (), "avx2": ("-mno-avx512f",), "scalar": ("-mno-avx2",)}
@@ -425,6 +432,9 @@ def test_scratch_is_aligned_and_large(lib):
     assert out.item() == 1
     lib.scratch_probe(out, ints=(8 << 20,), written=(0,))  # the arena is reused
     assert out.item() == 1
+    out.zero_()
+    lib.scratch_huge(out, written=(0,))
+    assert out.item() == 1
 
 
 # ------------------------------------------------------------------ the build
@@ -467,6 +477,33 @@ def test_compile_error_message(cache):
         K.load("x")
     with pytest.raises(FileNotFoundError, match="cannot read source"):
         K.load("x", sources=["/nonexistent/k.cpp"])
+
+
+def test_undefined_symbol_fails_the_build_not_a_later_load(cache):
+    """A library that links but leaves a symbol undefined would load from the cache only to
+    fail with an OSError every time: the build fails instead, with the linker's message."""
+    src = ("#include <axon/kernel.h>\nextern \"C\" void helper_nobody_defines(void);\n"
+           "AXON_KERNEL(k) { (void)ctx; (void)args; helper_nobody_defines(); }\n")
+    before = set(os.listdir(cache))
+    with pytest.raises(RuntimeError, match="helper_nobody_defines"):
+        K.load("undefined_sym", source=src)
+    assert set(os.listdir(cache)) == before  # nothing installed, no leftovers
+
+
+def test_sources_with_the_same_file_name(cache, tmp_path):
+    """a/k.cpp and b/k.cpp are two sources, not one compiled twice."""
+    for sub, fn in (("a", "fa"), ("b", "fb")):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "k.cpp").write_text(
+            "#include <axon/kernel.h>\nusing namespace axon::kernel;\n"
+            f"AXON_KERNEL({fn}) {{ View<float> o = as<float>(args->tensors[0]);\n"
+            f"  (void)ctx; o.data()[0] = {1.0 if fn == 'fa' else 2.0}f; }}\n")
+    lib = K.load("same_names", sources=[tmp_path / "a" / "k.cpp", tmp_path / "b" / "k.cpp"])
+    out = torch.zeros(1, device="axon")
+    lib.fa(out, written=(0,))
+    assert out.item() == 1.0
+    lib.fb(out, written=(0,))
+    assert out.item() == 2.0
 
 
 def test_missing_entry_point(lib):

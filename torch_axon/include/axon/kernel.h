@@ -402,6 +402,7 @@ inline void parallel_for(const AxonKernelContext* ctx, int64_t begin, int64_t en
 // kernel returns); nullptr if it cannot be allocated.
 template <class T>
 inline T* scratch(const AxonKernelContext* ctx, size_t n) {
+  if (n > static_cast<size_t>(-1) / sizeof(T)) return nullptr;  // n * sizeof(T) overflows
   return static_cast<T*>(ctx->scratch(ctx->impl, n * sizeof(T)));
 }
 
