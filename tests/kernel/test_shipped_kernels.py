@@ -12,6 +12,9 @@ fullgraph=True (no graph break) against eager.  Each repository is loaded once
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -47,7 +50,7 @@ def vit():
 
 def rand(*shape, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(dtype)
+    return torch.randn(shape, generator=g).to(dtype)
 
 
 def close(actual, expected, dtype, accum=False):
@@ -336,3 +339,153 @@ def test_compiled_block_uses_the_ops_without_graph_break(act, ln, rot):
     compiled = torch.compile(block, backend="inductor", fullgraph=True)(x, cos, sin)
     for e, c in zip(eager, compiled):
         torch.testing.assert_close(c.cpu(), e.cpu(), **tol(torch.float32))
+
+
+# ---- 1-d and 0-d inputs --------------------------------------------------------------------
+
+def test_backward_of_1d_inputs(ln, vit):
+    """A 1-d x has no leading dim: the weight/bias gradients are still of shape (d,)."""
+    x, r, w, b, go = (rand(8, seed=s) for s in range(5))
+
+    def grads(fn, *leaves, device):
+        leaves = [t.detach().to(device, copy=True).requires_grad_() for t in leaves]
+        out = fn(*leaves)
+        if isinstance(out, tuple):
+            out = out[0] + 0.5 * out[1]
+        (out * go.to(device)).sum().backward()
+        return [t.grad for t in leaves]
+
+    cases = [
+        (lambda x, w: ln.rms_norm(x, w, 1e-6), lambda x, w: rms_ref(x, w, 1e-6), (x, w)),
+        (lambda x, w, b: ln.layer_norm(x, w, b, 1e-5), lambda x, w, b: F.layer_norm(x, (8,), w, b, 1e-5),
+         (x, w, b)),
+        (lambda x, r, w: ln.rms_norm(x, w, 1e-6, residual=r),
+         lambda x, r, w: (rms_ref(x + r, w, 1e-6), x + r), (x, r, w)),
+        (lambda x, r, w, b: vit.add_layer_norm(x, r, w, b, 1e-12),
+         lambda x, r, w, b: (F.layer_norm(x + r, (8,), w, b, 1e-12), x + r), (x, r, w, b)),
+        (vit.bias_gelu, lambda x, b: F.gelu(x + b), (x, b)),
+    ]
+    for fn, ref, leaves in cases:
+        for got, expect in zip(grads(fn, *leaves, device=AXON), grads(ref, *leaves, device="cpu")):
+            assert got.shape == expect.shape
+            close(got, expect, torch.float32, accum=True)
+
+
+@pytest.mark.parametrize("name", ["silu_mul", "gelu_mul", "gelu_tanh_mul"])
+def test_act_mul_0d(act, name):
+    g, u = torch.tensor(0.7), torch.tensor(-1.5)
+    got = getattr(act, name)(g.to(AXON), u.to(AXON))
+    assert got.shape == ()
+    close(got, ACTS[name.replace("_mul", "_and_mul")](g, u), torch.float32)
+
+
+# ---- the fake implementations describe the real results -------------------------------------
+
+def _meta(t):
+    return tuple(t.shape), t.stride(), t.dtype, t.device.type
+
+
+def assert_fake_matches(fn, *args):
+    """fn's real results have the shape, strides, dtype and device its fake (the custom op
+    under FakeTensorMode, as torch.compile sees it) promises."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    real = fn(*args)
+    mode = FakeTensorMode()
+    fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+    with mode:
+        fake = fn(*fake_args)
+    real, fake = (r if isinstance(r, tuple) else (r,) for r in (real, fake))
+    assert [_meta(t) for t in real] == [_meta(t) for t in fake]
+
+
+@pytest.mark.parametrize("device", ["cpu", AXON])
+def test_fake_matches_real(act, ln, rot, vit, device):
+    """Every path (the kernel and the PyTorch fallback for other devices and dtypes) returns
+    what the fake says: contiguous results of the promoted dtypes, also for strided inputs."""
+    bf, f32, f16 = torch.bfloat16, torch.float32, torch.float16
+
+    def t(*shape, dtype=f32, seed=0, transpose=False):
+        x = rand(*shape, dtype=dtype, seed=seed)
+        return (x.t() if transpose else x).to(device)
+
+    # activation: column-major inputs, float64 (no kernel), 0-d and zero-size
+    for gate, up in ((t(24, 40, transpose=True), t(24, 40, seed=1, transpose=True)),
+                     (t(5, 6, dtype=torch.float64), t(5, 6, dtype=torch.float64, seed=1)),
+                     (t(), t(seed=1)), (t(0, 3, transpose=True), t(0, 3, transpose=True))):
+        assert_fake_matches(act.silu_mul, gate, up)
+    # norms: transposed x, mixed dtypes of x and residual / weight
+    xt, rt, w, b = t(16, 6, transpose=True), t(16, 6, seed=1, transpose=True), t(16, seed=2), t(16, seed=3)
+    for x, r, w_ in ((xt, rt, w), (xt.to(bf), rt, w), (xt, rt.to(bf), w.to(bf)), (t(16), t(16), w)):
+        assert_fake_matches(lambda x, w: ln.rms_norm(x, w, 1e-6), x, w_)
+        assert_fake_matches(lambda x, r, w: ln.rms_norm(x, w, 1e-6, residual=r), x, r, w_)
+        assert_fake_matches(lambda x, r, w, b: ln.layer_norm(x, w, b, 1e-5, residual=r), x, r, w_, b)
+        assert_fake_matches(lambda x, r, w, b: vit.add_layer_norm(x, r, w, b, 1e-12), x, r, w_, b)
+        assert_fake_matches(vit.bias_gelu, x, b)
+        assert_fake_matches(vit.bias_gelu, x, b.to(f16))
+    # rotary: Llama's [B, S, H, D] -> [B, H, S, D] transposed q and k; mixed dtypes
+    q, k = t(2, 3, 4, 8).transpose(1, 2), t(2, 3, 2, 8, seed=1).transpose(1, 2)
+    cos, sin = t(2, 3, 8, seed=2), t(2, 3, 8, seed=3)
+    for args in ((q, k, cos, sin), (q.to(bf), k.to(bf), cos, sin), (q, k.to(bf), cos.to(bf), sin.to(bf)),
+                 (q.to(f16), k.to(bf), cos.to(f16), sin.to(f16))):
+        assert_fake_matches(rot.apply_rotary_pos_emb, *args)
+    # attention: [B, S, H, D] views of a [B, H, S, D] tensor
+    qa = t(1, 2, 5, 8).transpose(1, 2)
+    assert_fake_matches(lambda q, k, v: vit.attention(q, k, v, 0.3), qa, qa, qa)
+    assert_fake_matches(lambda q, k, v: vit.attention(q, k, v, 0.3), qa.to(bf), qa, qa)
+
+
+def test_compiled_rotary_on_cpu_llama_layout_equals_eager(rot):
+    """The rotary layer replaces Transformers' apply_rotary_pos_emb for every model of the
+    family, CPU models too: compiled (Inductor checks the fake's strides) equals eager."""
+    torch._dynamo.reset()
+    q = rand(2, 5, 4, 8).transpose(1, 2)      # [B, S, H, D] projections -> [B, H, S, D]
+    k = rand(2, 5, 2, 8, seed=1).transpose(1, 2)
+    cos, sin = rand(2, 5, 8, seed=2), rand(2, 5, 8, seed=3)
+
+    def f(q, k, cos, sin):
+        oq, ok = rot.apply_rotary_pos_emb(q, k, cos, sin)
+        return oq * 2, ok + 1
+
+    compiled = torch.compile(f, backend="inductor", fullgraph=True)(q, k, cos, sin)
+    eager = f(q, k, cos, sin)
+    for c, e in zip(compiled, eager):
+        torch.testing.assert_close(c, e, **tol(torch.float32))
+    torch.testing.assert_close(eager[0], rope_ref(q, cos, sin) * 2, **tol(torch.float32))
+
+
+# ---- direct launches with a last dim of 0 ----------------------------------------------------
+
+def test_direct_launch_with_empty_rows_does_not_crash():
+    """rows > 0 of 0 elements: the kernels' chunk sizes must not divide by the row length
+    (SIGFPE kills the process, so this runs in a fresh interpreter)."""
+    code = textwrap.dedent(f"""
+        import torch, torch_axon, kernels
+        from pathlib import Path
+        R = Path({str(REPOS)!r})
+        e = lambda *s: torch.empty(*s, device="axon")
+        act = kernels.get_local_kernel(R / "axon-activation")._ops._kernels()
+        act.act_mul(e(4, 0), e(4, 0), e(4, 0), ints=(0,), written=(2,), name="act")
+        ln = kernels.get_local_kernel(R / "axon-layernorm")._ops._kernels()
+        ln.norm(e(4, 0), e(1, 0), e(1, 0), e(4, 0), ints=(1, 0, 1, 1), floats=(1e-5,),
+                written=(3,), name="norm")
+        rot = kernels.get_local_kernel(R / "axon-rotary")._ops._kernels()
+        rot.rotary(*[e(1, 2, 3, 0)] * 8, written=(3, 7), name="rotary")
+        vit = kernels.get_local_kernel(R / "axon-vit")._ops._kernels()
+        vit.add_layer_norm(e(4, 0), e(4, 0), e(1, 0), e(1, 0), e(4, 0), e(4, 0), floats=(1e-5,),
+                           written=(4, 5), name="aln")
+        vit.bias_gelu(e(4, 0), e(1, 0), e(4, 0), written=(2,), name="bg")
+        vit.attention(*[e(1, 3, 2, 0)] * 4, floats=(1.0,), written=(3,), name="attn")
+        torch.axon.synchronize()
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stderr[-2000:])
+
+
+def test_vit_attention_in_head_groups(vit):
+    """Heads whose float32 k/v exceed the kernel's 16 MiB group of scratch run in several
+    groups (here 2 + 1 heads of 7.6 MiB each)."""
+    q, k, v = (rand(1, 13, 3, 65536, seed=s) for s in range(3))
+    got = vit.attention(q.to(AXON), k.to(AXON), v.to(AXON), 0.01)
+    close(got, attn_ref(q, k, v, 0.01), torch.float32, True)

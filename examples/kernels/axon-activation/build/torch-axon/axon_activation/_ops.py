@@ -67,17 +67,31 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def _dense(t):
+    """t with the contiguous strides the fake promises (t itself if it has them)."""
+    strides, n = [], 1
+    for size in reversed(t.shape):
+        strides.append(n)
+        n *= max(size, 1)
+    if t.stride() == tuple(reversed(strides)):
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
 def _launch(gate, up, out, kind):
+    """out (contiguous) = act(gate) * up."""
     if out.numel() == 0:
         return
-    _kernels().act_mul(_rows(gate), _rows(up), out.view(-1, out.shape[-1]), ints=(kind,),
+    _kernels().act_mul(_rows(gate), _rows(up), _rows(out), ints=(kind,),
                        written=(2,), name="axon_activation.act_mul")
 
 
 def _compute(gate, up, kind):
     _check(gate, up)
     if gate.device.type != "axon" or gate.dtype not in _DTYPES:
-        return _reference(gate, up, kind)
+        return _dense(_reference(gate, up, kind))
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     _launch(gate, up, out, kind)
     return out

@@ -47,7 +47,7 @@ void run(const AxonKernelContext* ctx, const AxonTensor& gt, const AxonTensor& u
   const int64_t rows = out.size(0), d = out.size(1);
   constexpr int L = Vec::kLanes;
   // ~16K elements per chunk: large enough to amortise the hand-off to a compute thread.
-  const int64_t grain = d >= 16384 ? 1 : 16384 / d;
+  const int64_t grain = d >= 16384 ? 1 : 16384 / (d > 0 ? d : 1);  // d = 0: nothing per row
   parallel_for(ctx, 0, rows, grain, [=](int64_t r0, int64_t r1) {
     // (captured by value: a store through o must not make the compiler reload d or the
     // views from the closure in every iteration)

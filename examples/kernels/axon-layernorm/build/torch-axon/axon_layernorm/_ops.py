@@ -28,6 +28,28 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def _dense(t, dtype):
+    """t with the dtype and the contiguous strides the fake promises (t itself if it has them)."""
+    if t.dtype == dtype and t.stride() == _strides(t.shape):
+        return t
+    out = torch.empty(t.shape, dtype=dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+def _strides(shape):
+    strides, n = [], 1
+    for size in reversed(shape):
+        strides.append(n)
+        n *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _dtype(x, residual):
+    """The dtype of both results: that of x + residual (x's without a residual)."""
+    return x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+
+
 def _direct(*tensors) -> bool:
     from torch_axon.kernel import can_skip_dispatch
 
@@ -47,7 +69,8 @@ def _reference(kind, x, residual, weight, bias, eps):
         y = y * weight.float()
     if bias is not None:
         y = y + bias.float()
-    return y.to(h.dtype), h
+    # the fake's contiguous results (h is only a result with a residual)
+    return _dense(y, h.dtype), (h if residual is None else _dense(h, h.dtype))
 
 
 def _check(kind, x, residual, weight, bias):
@@ -88,8 +111,6 @@ def _compute(kind, x, residual, weight, bias, eps):
         _kernels().norm(*tensors, ints=(kind, residual is not None, weight is not None,
                                         bias is not None), floats=(float(eps),),
                         written=written, name="axon_layernorm.norm")
-    elif residual is not None:
-        res_out = x + residual
     return out, res_out
 
 
@@ -114,8 +135,9 @@ def _norm_add(kind: int, x: torch.Tensor, residual: torch.Tensor, weight: Option
 @_norm_add.register_fake
 def _(kind, x, residual, weight, bias, eps):
     _check(kind, x, residual, weight, bias)
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            torch.empty_like(x, memory_format=torch.contiguous_format))
+    dtype = _dtype(x, residual)
+    return (torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format),
+            torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format))
 
 
 def _grads(ctx, h, weight, bias, grad_out, grad_res):
@@ -136,9 +158,9 @@ def _grads(ctx, h, weight, bias, grad_out, grad_res):
     dh = dh * rstd
     if grad_res is not None:
         dh = dh + grad_res.float()
-    lead = tuple(range(g.dim() - 1))
-    dw = (g * xhat).sum(lead).to(weight.dtype) if has_w else None
-    db = g.sum(lead).to(bias.dtype) if has_b else None
+    # sums over every dim but the last (reshape: a 1-d x has no leading dim to sum)
+    dw = (g * xhat).reshape(-1, d).sum(0).to(weight.dtype) if has_w else None
+    db = g.reshape(-1, d).sum(0).to(bias.dtype) if has_b else None
     return dh.to(h.dtype), dw, db
 
 

@@ -26,7 +26,7 @@ void run(const AxonKernelContext* ctx, const AxonTensor* t, bool has_w, bool has
   const View<T> res_out = kResidual ? as<T>(t[4 + off]) : out;
   const int64_t rows = out.size(0), d = out.size(1);
   constexpr int L = Vec::kLanes;
-  const int64_t grain = d >= 8192 ? 1 : 8192 / d;
+  const int64_t grain = d >= 8192 ? 1 : 8192 / (d > 0 ? d : 1);  // d = 0: nothing per row
   const T* wp = w.data();
   const T* bp = b.data();
   const float inv_d = 1.0f / float(d);

@@ -68,6 +68,29 @@ def _broadcast(a, b):
     return torch.Size(out)
 
 
+def _dense(t, dtype):
+    """t with the dtype and the contiguous strides the fake promises (t itself if it has them)."""
+    if t.dtype == dtype and t.stride() == _strides(t.shape):
+        return t
+    out = torch.empty(t.shape, dtype=dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+def _strides(shape):
+    strides, n = [], 1
+    for size in reversed(shape):
+        strides.append(n)
+        n *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _dtypes(q, k, cos, sin):
+    """The result dtypes of the unfused math: (promote(q, cos, sin), promote(k, cos, sin))."""
+    cs = torch.promote_types(cos.dtype, sin.dtype)
+    return torch.promote_types(q.dtype, cs), torch.promote_types(k.dtype, cs)
+
+
 def _lastdim(t):
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
@@ -84,7 +107,8 @@ def _rotary_impl(q, k, cos, sin, unsqueeze_dim):
     same = all(t.dtype == q.dtype and t.device == q.device for t in (k, cos, sin))
     if (q.device.type != "axon" or q.dtype not in _DTYPES or not same or len(shape_q) != 4
             or shape_q != q.shape or shape_k != k.shape):
-        return _reference(q, c, s), _reference(k, c, s)
+        dq, dk = _dtypes(q, k, cos, sin)
+        return _dense(_reference(q, c, s), dq), _dense(_reference(k, c, s), dk)
     out_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     out_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if out_q.numel() or out_k.numel():
@@ -98,8 +122,8 @@ def _rotary_impl(q, k, cos, sin, unsqueeze_dim):
 @_rotary.register_fake
 def _(q, k, cos, sin, unsqueeze_dim):
     shape_q, shape_k = _check(q, k, cos, sin, unsqueeze_dim)
-    dtype = torch.promote_types(q.dtype, cos.dtype)
-    return q.new_empty(shape_q, dtype=dtype), k.new_empty(shape_k, dtype=dtype)
+    dq, dk = _dtypes(q, k, cos, sin)
+    return q.new_empty(shape_q, dtype=dq), k.new_empty(shape_k, dtype=dk)
 
 
 def _setup(ctx, inputs, output):

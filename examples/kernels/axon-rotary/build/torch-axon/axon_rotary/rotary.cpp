@@ -33,7 +33,7 @@ void run(const AxonKernelContext* ctx, const AxonTensor* t) {
   const int64_t rows_q = q.size(0) * q.size(1) * q.size(2);
   const int64_t rows_k = k.size(0) * k.size(1) * k.size(2);
   const int64_t half = q.size(3) / 2;
-  const int64_t grain = half >= 4096 ? 1 : 4096 / half;
+  const int64_t grain = half >= 4096 ? 1 : 4096 / (half > 0 ? half : 1);  // D = 0: nothing per row
   parallel_for(ctx, 0, rows_q + rows_k, grain, [=](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const bool is_q = r < rows_q;

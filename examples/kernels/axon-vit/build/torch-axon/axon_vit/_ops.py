@@ -38,6 +38,19 @@ def _lastdim(t):
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
+def _dense(t, dtype):
+    """t with the dtype and the contiguous strides the fake promises (t itself if it has them)."""
+    strides, n = [], 1
+    for size in reversed(t.shape):
+        strides.append(n)
+        n *= max(size, 1)
+    if t.dtype == dtype and t.stride() == tuple(reversed(strides)):
+        return t
+    out = torch.empty(t.shape, dtype=dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
 def _rows(t):
     return _lastdim(t).reshape(-1, t.shape[-1])
 
@@ -48,7 +61,7 @@ def _attention_ref(q, k, v, scale):
     # [B, S, H, D] -> [B, H, S, D]
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
     w = torch.softmax((qh.float() @ kh.float().transpose(-1, -2)) * scale, dim=-1)
-    return (w @ vh.float()).to(q.dtype).transpose(1, 2).contiguous()
+    return _dense((w @ vh.float()).transpose(1, 2), q.dtype)
 
 
 def _check_attention(q, k, v):
@@ -121,8 +134,9 @@ def _check_aln(x, residual, weight, bias):
 def _add_layer_norm_impl(x, residual, weight, bias, eps):
     _check_aln(x, residual, weight, bias)
     if not _on_axon(x, residual, weight, bias):
-        h = x + residual
-        return F.layer_norm(h, h.shape[-1:], weight, bias, eps), h
+        h = x + residual  # the results: contiguous, of the dtype of h (as the fake says)
+        out = F.layer_norm(h.float(), h.shape[-1:], weight.float(), bias.float(), eps)
+        return _dense(out, h.dtype), _dense(h, h.dtype)
     d = x.shape[-1]
     h = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     out = torch.empty_like(h)
@@ -149,13 +163,14 @@ def add_layer_norm(x, residual, weight, bias, eps):
 @_add_layer_norm_op.register_fake
 def _(x, residual, weight, bias, eps):
     _check_aln(x, residual, weight, bias)
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            torch.empty_like(x, memory_format=torch.contiguous_format))
+    dtype = torch.promote_types(x.dtype, residual.dtype)
+    return (torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format),
+            torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format))
 
 
 def _aln_setup(ctx, inputs, output):
     x, residual, weight, bias, eps = inputs
-    ctx.eps = eps
+    ctx.eps, ctx.bias_dtype = eps, bias.dtype
     ctx.save_for_backward(output[1], weight)
 
 
@@ -171,9 +186,10 @@ def _aln_backward(ctx, grad_out, grad_h):
     dh = (gw - gw.sum(-1, keepdim=True) / d - xhat * (gw * xhat).sum(-1, keepdim=True) / d) * rstd
     if grad_h is not None:
         dh = dh + grad_h.float()
-    lead = tuple(range(g.dim() - 1))
+    # sums over every dim but the last (reshape: a 1-d x has no leading dim to sum)
+    dw, db = (g * xhat).reshape(-1, d).sum(0), g.reshape(-1, d).sum(0)
     dh = dh.to(h.dtype)
-    return dh, dh, (g * xhat).sum(lead).to(weight.dtype), g.sum(lead).to(weight.dtype), None
+    return dh, dh, dw.to(weight.dtype), db.to(ctx.bias_dtype), None
 
 
 _add_layer_norm_op.register_autograd(_aln_backward, setup_context=_aln_setup)
@@ -190,7 +206,8 @@ def _check_bg(x, bias):
 def _bias_gelu_impl(x, bias):
     _check_bg(x, bias)
     if not _on_axon(x, bias):
-        return F.gelu(x + bias)
+        h = x + bias
+        return _dense(F.gelu(h), h.dtype)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if out.numel():
         d = x.shape[-1]
@@ -214,7 +231,8 @@ def bias_gelu(x, bias):
 @_bias_gelu_op.register_fake
 def _(x, bias):
     _check_bg(x, bias)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return torch.empty_like(x, dtype=torch.promote_types(x.dtype, bias.dtype),
+                            memory_format=torch.contiguous_format)
 
 
 def _bg_setup(ctx, inputs, output):
@@ -227,7 +245,7 @@ def _bg_backward(ctx, grad):
     cdf = 0.5 * (1 + torch.erf(g * (1 / math.sqrt(2))))
     pdf = torch.exp(-0.5 * g * g) * (1 / math.sqrt(2 * math.pi))
     dx = grad.float() * (cdf + g * pdf)
-    return dx.to(x.dtype), dx.sum(tuple(range(dx.dim() - 1))).to(bias.dtype)
+    return dx.to(x.dtype), dx.reshape(-1, dx.shape[-1]).sum(0).to(bias.dtype)
 
 
 _bias_gelu_op.register_autograd(_bg_backward, setup_context=_bg_setup)

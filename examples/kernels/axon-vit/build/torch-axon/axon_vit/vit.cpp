@@ -66,6 +66,7 @@ inline void weighted_v(const float* p, int64_t Sp, int64_t S, const float* vf, i
 }
 
 constexpr int kRows = 4;  // query rows processed together
+constexpr int64_t kGroupBytes = int64_t(16) << 20;  // scratch for the k/v of a group of heads
 
 template <class T>
 void attention(const AxonKernelContext* ctx, const AxonTensor* t, float scale) {
@@ -77,76 +78,84 @@ void attention(const AxonKernelContext* ctx, const AxonTensor* t, float scale) {
   const int64_t per_head = D * Sp + S * Dp;
   const int64_t per_block = kRows * (D + Sp + Dp);
   const int64_t blocks = (S + kRows - 1) / kRows;
-  float* heads = scratch<float>(ctx, size_t(B * H * per_head));
+  // The heads in groups whose float32 k/v take at most kGroupBytes of scratch (the arena
+  // keeps blocks up to 64 MiB; all B * H heads at once would often be more).
+  const int64_t tasks = B * H;
+  const int64_t fit = kGroupBytes / int64_t(sizeof(float)) / (per_head > 0 ? per_head : 1);
+  const int64_t group = fit < 1 ? 1 : fit < tasks ? fit : tasks;
+  float* heads = scratch<float>(ctx, size_t(group * per_head) + 1);
   AXON_CHECK(ctx, heads != nullptr, "attention: out of scratch memory");
-  // 1) k and v of every head in float32 (k transposed, zero-padded)
-  parallel_for(ctx, 0, B * H, 1, [=](int64_t t0, int64_t t1) {
-    for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / H, h = task % H;
-      float* kt = heads + task * per_head;
-      float* vf = kt + D * Sp;
-      for (int64_t j = 0; j < S; ++j) {
-        const T* kj = k.ptr(b, j, h);
-        for (int64_t d = 0; d < D; ++d) kt[d * Sp + j] = float(kj[d]);
-        const T* vj = v.ptr(b, j, h);
-        for (int64_t d = 0; d < Dp; d += L) {
-          const int64_t n = D - d < L ? (D - d < 0 ? 0 : D - d) : L;
-          Vec::load_partial(vj + d, n).store(vf + j * Dp + d);
+  for (int64_t g0 = 0; g0 < tasks; g0 += group) {
+    const int64_t g1 = tasks - g0 < group ? tasks : g0 + group;
+    // 1) k and v of every head of the group in float32 (k transposed, zero-padded)
+    parallel_for(ctx, g0, g1, 1, [=](int64_t t0, int64_t t1) {
+      for (int64_t task = t0; task < t1; ++task) {
+        const int64_t b = task / H, h = task % H;
+        float* kt = heads + (task - g0) * per_head;
+        float* vf = kt + D * Sp;
+        for (int64_t j = 0; j < S; ++j) {
+          const T* kj = k.ptr(b, j, h);
+          for (int64_t d = 0; d < D; ++d) kt[d * Sp + j] = float(kj[d]);
+          const T* vj = v.ptr(b, j, h);
+          for (int64_t d = 0; d < Dp; d += L) {
+            const int64_t n = D - d < L ? (D - d < 0 ? 0 : D - d) : L;
+            Vec::load_partial(vj + d, n).store(vf + j * Dp + d);
+          }
+        }
+        for (int64_t d = 0; d < D; ++d)
+          for (int64_t j = S; j < Sp; ++j) kt[d * Sp + j] = 0.0f;
+      }
+    });
+    // 2) blocks of query rows of every head of the group (a buffer per chunk of blocks)
+    parallel_for(ctx, g0 * blocks, g1 * blocks, 1, [=](int64_t t0, int64_t t1) {
+      std::unique_ptr<float[]> buf(new float[size_t(per_block) + 2 * L]);
+      float* qf = buf.get();
+      float* p = qf + kRows * D;
+      float* o = p + kRows * Sp;
+      for (int64_t item = t0; item < t1; ++item) {
+        const int64_t task = item / blocks, i0 = (item % blocks) * kRows;
+        const int64_t b = task / H, h = task % H;
+        const int64_t rows = S - i0 < kRows ? S - i0 : kRows;
+        const float* kt = heads + (task - g0) * per_head;
+        const float* vf = kt + D * Sp;
+        for (int64_t r = 0; r < kRows; ++r) {
+          const T* qi = q.ptr(b, i0 + (r < rows ? r : 0), h);
+          for (int64_t d = 0; d < D; ++d) qf[r * D + d] = float(qi[d]);
+        }
+        for (int64_t j = 0; j < Sp; j += 2 * L) scores<kRows>(qf, D, kt, Sp, j, scale, p);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* pr = p + r * Sp;
+          float m = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < S; ++j) m = pr[j] > m ? pr[j] : m;
+          const Vec vm = Vec::broadcast(m);
+          Vec vs = Vec::zero();
+          int64_t j = 0;
+          for (; j + L <= S; j += L) {
+            const Vec e = exp(Vec::load(pr + j) - vm);
+            e.store(pr + j);
+            vs += e;
+          }
+          float tail = 0.0f;
+          if (j < S) {
+            const Vec e = exp(Vec::load_partial(pr + j, S - j) - vm);
+            e.store_partial(pr + j, S - j);
+            const Lanes l = lanes(e);
+            for (int64_t u = 0; u < S - j; ++u) tail += l[int(u)];
+          }
+          const Vec inv = Vec::broadcast(1.0f / (reduce_sum(vs) + tail));
+          for (j = 0; j + L <= S; j += L) (Vec::load(pr + j) * inv).store(pr + j);
+          for (; j < S; ++j) pr[j] *= lanes(inv)[0];
+        }
+        for (int64_t d = 0; d < Dp; d += 2 * L) weighted_v<kRows>(p, Sp, S, vf, Dp, d, o);
+        for (int64_t r = 0; r < rows; ++r) {
+          T* oi = out.ptr(b, i0 + r, h);
+          int64_t d = 0;
+          for (; d + L <= D; d += L) Vec::load(o + r * Dp + d).store(oi + d);
+          if (d < D) Vec::load(o + r * Dp + d).store_partial(oi + d, D - d);
         }
       }
-      for (int64_t d = 0; d < D; ++d)
-        for (int64_t j = S; j < Sp; ++j) kt[d * Sp + j] = 0.0f;
-    }
-  });
-  // 2) blocks of query rows of every head (a buffer per chunk of blocks)
-  parallel_for(ctx, 0, B * H * blocks, 1, [=](int64_t t0, int64_t t1) {
-    std::unique_ptr<float[]> buf(new float[size_t(per_block) + 2 * L]);
-    float* qf = buf.get();
-    float* p = qf + kRows * D;
-    float* o = p + kRows * Sp;
-    for (int64_t item = t0; item < t1; ++item) {
-      const int64_t task = item / blocks, i0 = (item % blocks) * kRows;
-      const int64_t b = task / H, h = task % H;
-      const int64_t rows = S - i0 < kRows ? S - i0 : kRows;
-      const float* kt = heads + task * per_head;
-      const float* vf = kt + D * Sp;
-      for (int64_t r = 0; r < kRows; ++r) {
-        const T* qi = q.ptr(b, i0 + (r < rows ? r : 0), h);
-        for (int64_t d = 0; d < D; ++d) qf[r * D + d] = float(qi[d]);
-      }
-      for (int64_t j = 0; j < Sp; j += 2 * L) scores<kRows>(qf, D, kt, Sp, j, scale, p);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* pr = p + r * Sp;
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < S; ++j) m = pr[j] > m ? pr[j] : m;
-        const Vec vm = Vec::broadcast(m);
-        Vec vs = Vec::zero();
-        int64_t j = 0;
-        for (; j + L <= S; j += L) {
-          const Vec e = exp(Vec::load(pr + j) - vm);
-          e.store(pr + j);
-          vs += e;
-        }
-        float tail = 0.0f;
-        if (j < S) {
-          const Vec e = exp(Vec::load_partial(pr + j, S - j) - vm);
-          e.store_partial(pr + j, S - j);
-          const Lanes l = lanes(e);
-          for (int64_t u = 0; u < S - j; ++u) tail += l[int(u)];
-        }
-        const Vec inv = Vec::broadcast(1.0f / (reduce_sum(vs) + tail));
-        for (j = 0; j + L <= S; j += L) (Vec::load(pr + j) * inv).store(pr + j);
-        for (; j < S; ++j) pr[j] *= lanes(inv)[0];
-      }
-      for (int64_t d = 0; d < Dp; d += 2 * L) weighted_v<kRows>(p, Sp, S, vf, Dp, d, o);
-      for (int64_t r = 0; r < rows; ++r) {
-        T* oi = out.ptr(b, i0 + r, h);
-        int64_t d = 0;
-        for (; d + L <= D; d += L) Vec::load(o + r * Dp + d).store(oi + d);
-        if (d < D) Vec::load(o + r * Dp + d).store_partial(oi + d, D - d);
-      }
-    }
-  });
+    });
+  }
 }
 
 template <class T>
@@ -155,7 +164,7 @@ void add_layer_norm(const AxonKernelContext* ctx, const AxonTensor* t, float eps
                 h = as<T>(t[4]), out = as<T>(t[5]);
   const int64_t rows = out.size(0), d = out.size(1);
   const float inv_d = 1.0f / float(d);
-  parallel_for(ctx, 0, rows, d >= 8192 ? 1 : 8192 / d, [=](int64_t r0, int64_t r1) {
+  parallel_for(ctx, 0, rows, d >= 8192 ? 1 : 8192 / (d > 0 ? d : 1), [=](int64_t r0, int64_t r1) {
     for (int64_t row = r0; row < r1; ++row) {
       const T* xr = x.ptr(row);
       const T* rr = r.ptr(row);
@@ -213,7 +222,7 @@ template <class T>
 void bias_gelu(const AxonKernelContext* ctx, const AxonTensor* t) {
   const View<T> x = as<T>(t[0]), b = as<T>(t[1]), out = as<T>(t[2]);
   const int64_t rows = out.size(0), d = out.size(1);
-  parallel_for(ctx, 0, rows, d >= 16384 ? 1 : 16384 / d, [=](int64_t r0, int64_t r1) {
+  parallel_for(ctx, 0, rows, d >= 16384 ? 1 : 16384 / (d > 0 ? d : 1), [=](int64_t r0, int64_t r1) {
     for (int64_t row = r0; row < r1; ++row) {
       const T* xr = x.ptr(row);
       T* o = out.ptr(row);
