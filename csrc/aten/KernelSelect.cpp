@@ -121,8 +121,10 @@ std::string shapeName(const Key& k) {
   static const char* const rows[] = {"rows", "cols", "", ""};
   static const char* const attention[] = {"bh", "q", "kv", "d"};
   static const char* const adam[] = {"elements", "tensors", "", ""};
+  static const char* const gemm[] = {"m", "k", "n", "batch"};
   const char* const* names =
-      (k.op == Op::kLinear || k.op == Op::kGemm) ? linear
+      k.op == Op::kLinear ? linear
+      : k.op == Op::kGemm ? gemm
       : (k.op == Op::kAttention || k.op == Op::kAttentionBackward) ? attention
       : k.op == Op::kAdam ? adam : rows;
   std::string s;

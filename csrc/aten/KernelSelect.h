@@ -100,7 +100,7 @@ enum class Op : uint8_t {
   kAttention,           // fused attention forward: batch*heads, q, kv, head dim; causal, mask
   kAttentionBackward,   // its backward: the same
   kAdam,                // _fused_adam(w)_: elements, tensors; amsgrad, grad scale
-  // float32 mm / addmm (+ out=) beyond kLinear: m, k, n; bias.  "own" is
+  // float32 mm / addmm (+ out=) beyond kLinear, and bmm: m, k, n, batch; bias.  "own" is
   // oneDNN's GEMM (ATen's mkldnn_matmul, JIT-generated for the ISA; ATen
   // uses it for 16-bit only), "library" ATen's float32 GEMM (MKL).  Both on
   // OpenMP's team.

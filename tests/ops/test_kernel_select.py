@@ -122,6 +122,14 @@ def test_gemm(mode, layout, isolated, no_fallback):
     out = torch.empty(m, n, device="axon")
     torch.mm(aa, ba, out=out)
     assert_same(out, torch.mm(a, b), accum=True)
+    # bmm, and matmul's batched products, in the same layouts
+    a3 = torch.stack([a, a * 2, -a]) if layout != "strided" else make(
+        (3, m, 2 * k), torch.float32, seed=6)[:, :, ::2]
+    b3 = torch.stack([b, b + 1, b * 0.5])
+    if layout == "transposed":
+        b3 = make((3, n, k), torch.float32, seed=7).transpose(1, 2)
+    assert_same(torch.bmm(a3.axon(), b3.axon()), torch.bmm(a3, b3), accum=True)
+    assert_same(torch.matmul(a3.axon(), b3.axon()), torch.matmul(a3, b3), accum=True)
     check_side("gemm", mode, before)
 
 
@@ -136,6 +144,14 @@ def test_gemm_other_forms_take_aten(isolated, no_fallback):
     for m, k, n in [(0, 16, 8), (20, 0, 8), (20, 16, 0)]:
         a, b = make((m, k), torch.float32, seed=1), make((k, n), torch.float32, seed=2)
         assert_same(torch.mm(a.axon(), b.axon()), torch.mm(a, b), accum=True)
+        a3, b3 = make((2, m, k), torch.float32, seed=1), make((2, k, n), torch.float32, seed=2)
+        assert_same(torch.bmm(a3.axon(), b3.axon()), torch.bmm(a3, b3), accum=True)
+    a3, b3 = make((0, 4, 4), torch.float32, seed=1), make((0, 4, 4), torch.float32, seed=2)
+    assert_same(torch.bmm(a3.axon(), b3.axon()), torch.bmm(a3, b3), accum=True)
+    with pytest.raises(RuntimeError, match="batch1 must be a 3D tensor"):
+        torch.bmm(make((4, 4), torch.float32).axon(), make((2, 4, 4), torch.float32).axon())
+    with pytest.raises(RuntimeError, match="Expected size for first two dimensions of batch2"):
+        torch.bmm(make((2, 4, 4), torch.float32).axon(), make((3, 4, 4), torch.float32).axon())
     a = make((16, 16), torch.float32, seed=3)
     aa = a.axon()
     torch.mm(aa, aa.clone(), out=aa)  # out aliases an operand: ATen's checks

@@ -3,9 +3,9 @@
 //   fused kernel: mm/addmm (and their out=) of up to 8 rows by a transposed
 //     weight (F.linear when decoding) run kernels/linear or ATen's GEMM,
 //     whichever measured faster on this machine (KernelSelect.h); other float32
-//     ones oneDNN's GEMM or ATen's (MKL), measured the same way; other shapes
+//     ones, and float32 bmm, oneDNN's GEMM or ATen's (MKL), measured the same way; other shapes
 //     take the structured path (StructuredKernel.h) to ATen's GEMM;
-//   native stream kernels: bmm, baddbmm (structured); addr.out (device checks,
+//   native stream kernels: bmm.out, baddbmm (structured); addr.out (device checks,
 //     then ATen's composite);
 //   generic stream kernel: the rest.  LAPACK-based ops stay in the fallback.
 #include <ATen/Context.h>
@@ -118,16 +118,20 @@ namespace {
 // float32 GEMM (MKL), per (m, k, n class, bias) by measurement (Op::kGemm).
 // On the AMD EPYC development VM oneDNN's runs at ~2.3x MKL's there (MKL
 // takes its AVX2 path on AMD); on an Intel CPU MKL may win.
-bool gemm_selectable(const at::Tensor& a, const at::Tensor& b) {
+// mm / addmm (dims 2): a [m, k] @ b [k, n]; bmm (dims 3): a [B, m, k] @ b [B, k, n].
+bool gemm_selectable(const at::Tensor& a, const at::Tensor& b, int64_t dims = 2) {
   static const bool onednn = at::hasMKLDNN();
-  return onednn && at::globalContext().userEnabledMkldnn() && a.dim() == 2 && b.dim() == 2 &&
-         a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
-         a.device() == b.device() && a.device().type() == kAxon && a.size(1) == b.size(0) &&
-         a.numel() > 0 && b.numel() > 0 && !a.is_conj() && !b.is_conj() && !a.is_neg() &&
-         !b.is_neg();
+  if (!onednn || !at::globalContext().userEnabledMkldnn() || a.dim() != dims ||
+      b.dim() != dims || a.scalar_type() != at::kFloat || b.scalar_type() != at::kFloat ||
+      a.device() != b.device() || a.device().type() != kAxon || a.numel() == 0 ||
+      b.numel() == 0 || a.is_conj() || b.is_conj() || a.is_neg() || b.is_neg()) {
+    return false;
+  }
+  return dims == 2 ? a.size(1) == b.size(0)
+                   : a.size(0) == b.size(0) && a.size(2) == b.size(1);
 }
 
-bool gemm_bias(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
+bool gemm_bias(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {  // mm
   return bias.defined() && bias.scalar_type() == at::kFloat && bias.device() == a.device() &&
          bias.dim() <= 2 && !bias.is_conj() && !bias.is_neg() &&
          at::is_expandable_to(bias.sizes(), {a.size(0), b.size(1)});
@@ -143,9 +147,11 @@ bool gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
 
 void launch_gemm_into(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
                       float beta, float alpha, at::Tensor& out, const char* name) {
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const bool batched = a.dim() == 3;
+  const int64_t batch = batched ? a.size(0) : 1;
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   const kselect::Key key =
-      kselect::makeKey(kselect::Op::kGemm, at::kFloat, {m, k, n},
+      kselect::makeKey(kselect::Op::kGemm, at::kFloat, {m, k, n, batch},
                        bias.defined() ? kselect::kBias : 0);
   auto own = [&] {
     return [ca = cpu_kernel::capture(a), cb = cpu_kernel::capture(b),
@@ -166,6 +172,8 @@ void launch_gemm_into(const at::Tensor& a, const at::Tensor& b, const at::Tensor
       at::Tensor o = co.view();
       if (cbias.defined()) {
         at::cpu::addmm_outf(cbias.view(), ca.view(), cb.view(), beta, alpha, o);
+      } else if (o.dim() == 3) {
+        at::cpu::bmm_outf(ca.view(), cb.view(), o);
       } else {
         at::cpu::mm_outf(ca.view(), cb.view(), o);
       }
@@ -176,8 +184,10 @@ void launch_gemm_into(const at::Tensor& a, const at::Tensor& b, const at::Tensor
 
 at::Tensor launch_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
                        float beta, float alpha, const char* name) {
-  at::Tensor out = emptyDevice({a.size(0), b.size(1)}, {b.size(1), 1}, at::kFloat,
-                               a.device().index());
+  const int64_t m = a.size(-2), n = b.size(-1);
+  at::Tensor out = a.dim() == 3 ? emptyDevice({a.size(0), m, n}, {m * n, n, 1}, at::kFloat,
+                                              a.device().index())
+                                : emptyDevice({m, n}, {n, 1}, at::kFloat, a.device().index());
   launch_gemm_into(a, b, bias, beta, alpha, out, name);
   return out;
 }
@@ -190,6 +200,16 @@ bool small_linear_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor
          out.size(0) == a.size(0) && out.size(1) == b.size(1) && out.stride(1) == 1 &&
          (out.size(0) == 1 || out.stride(0) >= out.size(1)) && !out.is_alias_of(a) &&
          !out.is_alias_of(b);
+}
+
+struct BmmName {
+  static const char* value() { return "aten::bmm"; }
+};
+
+at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
+  if (gemm_selectable(a, b, 3)) return launch_gemm(a, b, at::Tensor(), 0.0f, 1.0f, BmmName::value());
+  return Functional<at::meta::structured_bmm, 1, BmmName, T(const T&, const T&),
+                    &at::cpu::bmm_outf>::run(a, b);
 }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
@@ -282,7 +302,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   reg.impl(Path::kFused, "addmm.out", TORCH_FN(addmm_out));
   OUT("baddbmm.out", 1, baddbmm, baddbmm_outf);
   reg.impl(Path::kFused, "mm", TORCH_FN(mm));
-  FUNC("bmm", 1, bmm, FBinaryT, bmm_outf);
+  reg.impl(Path::kFused, "bmm", TORCH_FN(bmm));
   reg.impl(Path::kFused, "addmm", TORCH_FN(addmm));
   reg.impl(Path::kNative, "addr.out", addr_out);
   reg.generic({
