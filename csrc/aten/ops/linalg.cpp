@@ -113,12 +113,12 @@ TORCH_API void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2,
 namespace at::axon {
 namespace {
 
-// float32 mm / addmm beyond the small-M kernel: oneDNN's GEMM (JIT-generated
-// for the machine's ISA; ATen calls it for 16-bit types only) or ATen's
-// float32 GEMM (MKL), per (m, k, n class, bias) by measurement (Op::kGemm).
-// On the AMD EPYC development VM oneDNN's runs at ~2.3x MKL's there (MKL
-// takes its AVX2 path on AMD); on an Intel CPU MKL may win.
-// mm / addmm (dims 2): a [m, k] @ b [k, n]; bmm (dims 3): a [B, m, k] @ b [B, k, n].
+// float32 mm / addmm beyond the small-M kernel, and bmm: oneDNN's GEMM
+// (JIT-generated for the machine's ISA; ATen calls it for 16-bit types only)
+// or ATen's float32 GEMM (MKL), per (m, k, n, batch class, bias) by
+// measurement (Op::kGemm).  On the AMD EPYC development VM oneDNN's runs at
+// ~2.3x MKL's (MKL takes its AVX2 path on AMD); on an Intel CPU MKL may win.
+// dims 2 (mm / addmm): a [m, k] @ b [k, n]; dims 3 (bmm): a [B, m, k] @ b [B, k, n].
 bool gemm_selectable(const at::Tensor& a, const at::Tensor& b, int64_t dims = 2) {
   static const bool onednn = at::hasMKLDNN();
   if (!onednn || !at::globalContext().userEnabledMkldnn() || a.dim() != dims ||
