@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/TensorIterator.h>
 #include <ATen/ops/mean_cpu_dispatch.h>
 #include <ATen/ops/sum_cpu_dispatch.h>
 #include <c10/util/Exception.h>
@@ -22,6 +24,7 @@
 #include "../core/CachingAllocator.h"
 #include "../core/StreamWork.h"
 #include "CpuKernel.h"
+#include "KernelSelect.h"
 
 namespace at::axon::fusion {
 namespace {
@@ -71,6 +74,9 @@ int64_t l2Bytes() {
 // The bytes of full tensors one tile may hold: L2's size, or
 // AXON_FUSION_TILE_BYTES, or what a test set (setTileBytesForTest).
 std::atomic<int64_t> tile_bytes_override{0};
+// Tests: runs of own ops on the worker (1), on the team in blocks (2), or as
+// the thread policy measured (0).
+std::atomic<int> own_threads_override{0};
 
 int64_t tileBudget() {
   static const int64_t from_env = [] {
@@ -618,44 +624,77 @@ AXON_INLINE int64_t ceilLog2(int64_t x) {
   return 64 - __builtin_clzll(static_cast<uint64_t>(x) - 1);
 }
 
+// One accumulator of L lanes (GCC's vector extension: lane-wise IEEE adds,
+// one register on AVX2/AVX-512, two halves on the baseline), so that the 16
+// accumulators live in registers, not on the stack.
 template <int L>
-float rowSumLanes(const float* x, int64_t n) {
-  constexpr int kIlp = 4, kLevels = 4;
+struct Lanes {
+  typedef float type __attribute__((vector_size(L * sizeof(float)), aligned(4)));
+};
+template <>
+struct Lanes<1> {
+  using type = float;
+};
+
+// acc += the L floats at p (by reference: a vector passed by value would
+// change the baseline build's ABI).
+template <int L>
+AXON_INLINE void addLanes(typename Lanes<L>::type& acc, const float* p) {
+  typename Lanes<L>::type v;
+  std::memcpy(&v, p, sizeof(v));
+  acc += v;
+}
+
+template <int L>
+AXON_INLINE float rowSumLanes(const float* x, int64_t n) {
+  using V = typename Lanes<L>::type;
   const int64_t vec_size = n / L;
-  const int64_t size = vec_size / kIlp;  // multi_row_sum's rows
-  const int64_t level_power = std::max<int64_t>(4, ceilLog2(size) / kLevels);
+  const int64_t size = vec_size / 4;  // multi_row_sum's rows, 4 vectors each
+  const int64_t level_power = std::max<int64_t>(4, ceilLog2(size) / 4);
   const int64_t level_step = int64_t{1} << level_power;
-  const int64_t level_mask = level_step - 1;
-  float acc[kLevels][kIlp][L] = {};
-  const auto add = [&](float* a, const float* v) {
-    for (int l = 0; l < L; ++l) a[l] += v[l];
+  const int64_t mask1 = (level_step - 1) << level_power;
+  const int64_t mask2 = mask1 << level_power;
+  const V zero = V{} + 0.0f;
+  // acc<level><ilp>: 4 levels of the cascade x 4 interleaved accumulators.
+  V a00 = zero, a01 = zero, a02 = zero, a03 = zero;
+  V a10 = zero, a11 = zero, a12 = zero, a13 = zero;
+  V a20 = zero, a21 = zero, a22 = zero, a23 = zero;
+  V a30 = zero, a31 = zero, a32 = zero, a33 = zero;
+  const auto level0 = [&](int64_t i) {
+    const float* p = x + i * 4 * L;
+    addLanes<L>(a00, p);
+    addLanes<L>(a01, p + L);
+    addLanes<L>(a02, p + 2 * L);
+    addLanes<L>(a03, p + 3 * L);
   };
   int64_t i = 0;
   for (; i + level_step <= size;) {
-    for (int64_t j = 0; j < level_step; ++j, ++i)
-      for (int k = 0; k < kIlp; ++k) add(acc[0][k], x + (i * kIlp + k) * L);
-    for (int j = 1; j < kLevels; ++j) {
-      for (int k = 0; k < kIlp; ++k) {
-        add(acc[j][k], acc[j - 1][k]);
-        std::fill_n(acc[j - 1][k], L, 0.0f);
-      }
-      if ((i & (level_mask << (j * level_power))) != 0) break;
-    }
+    for (int64_t j = 0; j < level_step; ++j, ++i) level0(i);
+    a10 += a00, a11 += a01, a12 += a02, a13 += a03;
+    a00 = a01 = a02 = a03 = zero;
+    if ((i & mask1) != 0) continue;
+    a20 += a10, a21 += a11, a22 += a12, a23 += a13;
+    a10 = a11 = a12 = a13 = zero;
+    if ((i & mask2) != 0) continue;
+    a30 += a20, a31 += a21, a32 += a22, a33 += a23;
+    a20 = a21 = a22 = a23 = zero;
   }
-  for (; i < size; ++i)
-    for (int k = 0; k < kIlp; ++k) add(acc[0][k], x + (i * kIlp + k) * L);
-  for (int j = 1; j < kLevels; ++j)
-    for (int k = 0; k < kIlp; ++k) add(acc[0][k], acc[j][k]);
+  for (; i < size; ++i) level0(i);
+  a00 += a10, a01 += a11, a02 += a12, a03 += a13;
+  a00 += a20, a01 += a21, a02 += a22, a03 += a23;
+  a00 += a30, a01 += a31, a02 += a32, a03 += a33;
   // row_sum: the vectors left over, then the 4 partial sums.
-  for (int64_t v = size * kIlp; v < vec_size; ++v) add(acc[0][0], x + v * L);
-  for (int k = 1; k < kIlp; ++k) add(acc[0][0], acc[0][k]);
+  for (int64_t v = size * 4; v < vec_size; ++v) addLanes<L>(a00, x + v * L);
+  a00 += a01;
+  a00 += a02;
+  a00 += a03;
   if constexpr (L == 1) {
-    return acc[0][0][0];
+    return a00;
   } else {
     // vectorized_inner_sum: the scalar tail, then the lanes in order.
     float final_acc = 0;
     for (int64_t k = vec_size * L; k < n; ++k) final_acc += x[k];
-    for (int l = 0; l < L; ++l) final_acc += acc[0][0][l];
+    for (int l = 0; l < L; ++l) final_acc += a00[l];
     return final_acc;
   }
 }
@@ -798,6 +837,55 @@ void runOwn(Own op, const Ptr* in, const Ptr& out, int64_t rows, int64_t cols) {
   }
 }
 
+// One own op of a run over a tile (runFused), for blocks of rows.  An
+// operand in a block buffer (slot >= 0) is the same block-sized buffer for
+// every block, one per thread; every other pointer is the tile's first row.
+struct Step {
+  Own op;
+  Ptr in[2];
+  Ptr out;
+  int64_t cols;
+  int8_t slot[3];  // in[0], in[1], out: a block buffer, or -1
+};
+constexpr int kBlockSlots = 8;
+
+struct OwnRun {
+  const Step* steps;
+  size_t n_steps;
+  int64_t rows, block, slot_floats;
+};
+
+// Blocks [b_begin, b_end) of the run: each op over a block in turn.
+void runOwnBlocks(void* ctx, int64_t b_begin, int64_t b_end) {
+  const OwnRun& run = *static_cast<const OwnRun*>(ctx);
+  thread_local std::vector<float> block_buffers;
+  const size_t need = static_cast<size_t>(kBlockSlots * run.slot_floats);
+  if (block_buffers.size() < need) block_buffers.resize(need);
+  for (int64_t b = b_begin; b < b_end; ++b) {
+    const int64_t b0 = b * run.block;
+    const int64_t n = std::min(run.block, run.rows - b0);
+    for (size_t k = 0; k < run.n_steps; ++k) {
+      const Step& st = run.steps[k];
+      const auto at = [&](Ptr q, int slot) {
+        if (slot >= 0) {
+          q.ptr = reinterpret_cast<char*>(block_buffers.data() + slot * run.slot_floats);
+        } else if (!q.is_number) {
+          q.ptr += b0 * q.row * static_cast<int64_t>(c10::elementSize(q.dtype));
+        }
+        return q;
+      };
+      const Ptr in[2] = {at(st.in[0], st.slot[0]), at(st.in[1], st.slot[1])};
+      runOwn(st.op, in, at(st.out, st.slot[2]), n, st.cols);
+    }
+  }
+}
+
+// The thread policy's hook for one run of own ops (a plain object: the run
+// happens inside the fused task, which is timed as a whole).
+struct OwnRunWork final : Work {
+  void run() override {}
+};
+
 // A result nothing outside the run can read: the op that writes it, the
 // last op (by sequence number) that may touch it, and its scratch tile.
 struct Dead {
@@ -805,6 +893,7 @@ struct Dead {
   uint64_t until;
   const Operand* region;
   c10::Storage scratch;
+  size_t last = 0;  // the last op of the run that touches it
 };
 
 // Buffers for dead results' tiles, reused by the worker's later runs.
@@ -897,6 +986,7 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
       }
       use->free_after = last;
       d.scratch = use->storage;
+      d.last = last;
     }
   } catch (...) {
     // No scratch (out of host memory): the ops run one by one instead; the
@@ -950,42 +1040,84 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
             }
             return q;
           };
-          struct Step {
-            Own op;
-            Ptr in[2];
-            Ptr out;
-            int64_t cols;
+          size_t j = i;
+          while (j < plan.ops.size() && plan.ops[j].own != Own::kNone && !failsForTest(plan.ops[j].f->name))
+            ++j;
+          const int64_t block = std::max<int64_t>(1, kBlockElements / C);
+          // A dead full-frame result that only ops [i, j) touch lives in a
+          // block-sized buffer that stays in L1 (written by one step, read by
+          // the next, block after block), not in its tile-sized scratch.
+          // Buffers are shared by results whose uses do not overlap.
+          struct Slot {
+            const Dead* d;
+            size_t free_after;
+          };
+          c10::SmallVector<Slot, kBlockSlots> slots;
+          const auto slotOf = [&](const Dead* d) -> int {
+            for (size_t k = 0; k < slots.size(); ++k)
+              if (slots[k].d == d) return static_cast<int>(k);
+            if (d->region->cls != Cls::kFull || d->op < i || d->last >= j) return -1;
+            for (size_t k = 0; k < slots.size(); ++k)
+              if (slots[k].free_after < d->op) {
+                slots[k] = Slot{d, d->last};
+                return static_cast<int>(k);
+              }
+            if (slots.size() == kBlockSlots) return -1;
+            slots.push_back(Slot{d, d->last});
+            return static_cast<int>(slots.size() - 1);
           };
           c10::SmallVector<Step, 16> steps;
-          size_t j = i;
-          for (; j < plan.ops.size() && plan.ops[j].own != Own::kNone; ++j) {
-            const OpPlan& q = plan.ops[j];
-            if (failsForTest(q.f->name)) break;
+          int64_t step_bytes = 0;
+          for (size_t k = i; k < j; ++k) {
+            const OpPlan& q = plan.ops[k];
             Step st;
             st.op = q.own;
-            for (int k = 0; k < 2; ++k) {
-              if (q.in[k] >= 0) {
-                st.in[k] = ptrOf(j, q.operands[q.in[k]]);
+            const auto place = [&](const Operand& o, Ptr* dst, int8_t* slot) {
+              const Dead* d = scratchFor(k, o);
+              *slot = static_cast<int8_t>(d != nullptr ? slotOf(d) : -1);
+              *dst = ptrOf(k, o);
+            };
+            for (int m = 0; m < 2; ++m) {
+              if (q.in[m] >= 0) {
+                place(q.operands[q.in[m]], &st.in[m], &st.slot[m]);
               } else {
-                st.in[k].is_number = true;
-                st.in[k].number = q.number[k];
+                st.slot[m] = -1;
+                st.in[m].is_number = true;
+                st.in[m].number = q.number[m];
               }
             }
-            st.out = ptrOf(j, q.operands.back());
+            place(q.operands.back(), &st.out, &st.slot[2]);
             st.cols = q.col_space && q.own != Own::kRowSum && q.own != Own::kRowMean ? 1 : C;
+            step_bytes += rows * st.cols * static_cast<int64_t>(c10::elementSize(st.out.dtype));
             steps.push_back(st);
           }
-          const int64_t block = std::max<int64_t>(1, kBlockElements / C);
-          for (int64_t b0 = 0; b0 < rows; b0 += block) {
-            const int64_t n = std::min(block, rows - b0);
-            for (const Step& st : steps) {
-              const auto at = [&](Ptr q) {
-                if (!q.is_number) q.ptr += b0 * q.row * static_cast<int64_t>(c10::elementSize(q.dtype));
-                return q;
-              };
-              const Ptr in[2] = {at(st.in[0]), at(st.in[1])};
-              runOwn(st.op, in, at(st.out), n, st.cols);
-            }
+          // Blocks are independent (every op is row by row): on the worker
+          // alone or spread over the compute team, as the thread policy
+          // measured for runs of this size.
+          const OwnRun run{steps.data(), steps.size(), rows, block, block * C};
+          const int64_t n_blocks = (rows + block - 1) / block;
+          OwnRunWork policy;
+          const int forced = own_threads_override.load(std::memory_order_relaxed);
+          int threads = 1;
+          if (forced != 0) {
+            threads = forced == 2 ? 0 : 1;
+          } else if (n_blocks > 1) {
+            threads = kselect::threadsFor("axon::fused", step_bytes, rows * C, policy,
+                                          kselect::TeamKind::kCompute, true);
+          }
+          const auto t0 = std::chrono::steady_clock::now();
+          if (threads == 1) {
+            runOwnBlocks(const_cast<OwnRun*>(&run), 0, n_blocks);
+          } else {
+            // Chunks of half ATen's grain (a test's forced team: single blocks).
+            const int64_t grain =
+                forced != 0 ? 1 : std::max<int64_t>(1, at::internal::GRAIN_SIZE / 2 / (block * C));
+            ::axon::rt::team_parallel_for(threads == 0 ? kernelTeamSize() : threads, 0, n_blocks,
+                                          grain, const_cast<OwnRun*>(&run), &runOwnBlocks);
+          }
+          if (policy.timed != nullptr) {
+            policy.timed->record(
+                threads, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
           }
           if (j < plan.ops.size() && plan.ops[j].own != Own::kNone) {  // the test's failure
             result.failed = j;
@@ -1057,6 +1189,8 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
 void install() { rt::set_fusion_hook(&runFused); }
 
 void setTileBytesForTest(int64_t bytes) { tile_bytes_override.store(bytes); }
+
+void setOwnThreadsForTest(int mode) { own_threads_override.store(mode); }
 
 void failForTest(const std::string& op) {
   std::lock_guard<std::mutex> g(fail_mutex);

@@ -46,5 +46,8 @@ void resetStats();
 void failForTest(const std::string& op);
 // Tests: the bytes a tile's full tensors may hold (0: back to the default).
 void setTileBytesForTest(int64_t bytes);
+// Runs of own ops on the worker (1), spread over the compute team block by
+// block (2), or as the thread policy measured (0, the default).
+void setOwnThreadsForTest(int mode);
 
 }  // namespace at::axon::fusion

@@ -922,7 +922,8 @@ void ThreadEntry::record(int threads, double us) {
   bump();
 }
 
-int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, TeamKind team) {
+int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, TeamKind team,
+               bool on_worker) {
   switch (threadsMode()) {
     case ThreadsMode::kWorker: return 1;
     case ThreadsMode::kTeam: return 0;
@@ -940,7 +941,7 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
     slot.entry->runs[t == 1 ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
     return t;
   }
-  maybeSave();
+  if (!on_worker) maybeSave();
   std::lock_guard<std::mutex> g(table_mutex);
   loadLocked();
   ThreadEntry*& t = thread_entries[NameKey{name, cls}];

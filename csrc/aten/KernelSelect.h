@@ -233,8 +233,10 @@ enum class TeamKind : uint8_t { kOpenMp, kCompute };
 // threads of this launch of `name` (an interned or literal name) whose
 // tensors hold `bytes`, the largest of them `largest` elements; sets
 // work.timed when the launch is a trial.  A name is measured for one team.
+// From a stream worker (adaptive eager's runs), pass on_worker: the table
+// file is then left for the host to write.
 int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work,
-               TeamKind team = TeamKind::kOpenMp);
+               TeamKind team = TeamKind::kOpenMp, bool on_worker = false);
 
 // Launches fn (a callable without arguments: one of our kernels) on the
 // threads threadsFor() picks (sizes as there).

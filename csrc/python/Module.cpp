@@ -127,6 +127,18 @@ PYBIND11_MODULE(_C, m) {
   m.def("_adaptive_eager", [] { return adaptiveEager(); });
   m.def("_test_fusion_fail", [](const std::string& op) { fusion::failForTest(op); });
   m.def("_test_fusion_tile_bytes", [](int64_t bytes) { fusion::setTileBytesForTest(bytes); });
+  m.def("_test_fusion_own_threads", [](int mode) { fusion::setOwnThreadsForTest(mode); });
+  // The runtime's compute team (runtime.h): helpers started, loops run on it.
+  m.def("_team_stats", [] {
+    const ::axon::rt::TeamStats s = ::axon::rt::team_stats();
+    py::dict d;
+    d["helpers"] = s.helpers;
+    d["sleeping"] = s.sleeping;
+    d["loops"] = s.loops;
+    d["serial_loops"] = s.serial_loops;
+    d["helper_chunks"] = s.helper_chunks;
+    return d;
+  });
   // The axon kernel registrations (aten/Registry.h): (op, dispatch key, path,
   // family, source file) per registration; torch_axon/ops.py makes the table.
   m.def("_op_table", [] {

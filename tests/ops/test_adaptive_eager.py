@@ -17,21 +17,24 @@ from conftest import AXON, bits, make, run_python
 HOLD_MS = 30  # the stream sleeps while the program queues its ops
 
 
-@pytest.fixture(autouse=True, params=["l2_tiles", "small_tiles"])
+@pytest.fixture(autouse=True, params=["l2_tiles", "small_tiles", "team_blocks"])
 def _worker_threads(request):
     """Elementwise kernels on the stream worker without thread trials (a launch the
-    thread policy is still timing, or gives the team, is never fused); every test twice:
-    with tiles sized for L2 (often one tile here) and with 16 KiB tiles (many tiles, so
-    that tile boundaries fall inside the tensors). Fusion back to the environment's
-    setting after."""
+    thread policy is still timing, or gives the team, is never fused); every test three
+    times: with tiles sized for L2 (often one tile here), with 16 KiB tiles (many tiles,
+    so that tile boundaries fall inside the tensors), and with L2 tiles whose runs of
+    own ops are spread over the compute team block by block (as the thread policy does
+    for large runs). Fusion back to the environment's setting after."""
     torch.axon.synchronize()
     torch.ops.axon._set_kernel_threads("worker")
     torch.axon._C._test_fusion_tile_bytes(16384 if request.param == "small_tiles" else 0)
+    torch.axon._C._test_fusion_own_threads(2 if request.param == "team_blocks" else 1)
     yield
     torch.axon.synchronize()
     torch.axon._C._set_adaptive_eager(-1)
     torch.axon._C._test_fusion_fail("")
     torch.axon._C._test_fusion_tile_bytes(0)
+    torch.axon._C._test_fusion_own_threads(0)
     torch.ops.axon._set_kernel_threads("")
 
 
@@ -85,6 +88,21 @@ def test_rms_norm_chain_bitwise(dtype, shape):
     got, _ = fused_vs_op_by_op(hf_rms_norm, [x, w])
     torch.testing.assert_close(got[0], hf_rms_norm(x, w), atol=2e-2 if dtype != torch.float32 else 1e-5,
                                rtol=2e-2 if dtype != torch.float32 else 1e-5)
+
+
+def test_own_runs_on_the_team_bitwise():
+    """A run of own ops spread over the compute team block by block (the thread policy's
+    choice for large runs; forced here, with L2 tiles so that a tile holds many blocks):
+    the team ran it, and results are bitwise equal to op by op in every dtype."""
+    torch.axon._C._test_fusion_own_threads(2)
+    torch.axon._C._test_fusion_tile_bytes(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x, w = make((4, 96, 160), dtype, seed=7), make((160,), dtype, seed=8)
+        before = torch.axon._C._team_stats()["loops"]
+        got, _ = fused_vs_op_by_op(lambda x, w: (hf_rms_norm(x, w), swiglu(x, x * 2, x)), [x, w])
+        assert torch.axon._C._team_stats()["loops"] > before
+        torch.testing.assert_close(got[0], hf_rms_norm(x, w), atol=2e-2 if dtype != torch.float32 else 1e-5,
+                                   rtol=2e-2 if dtype != torch.float32 else 1e-5)
 
 
 def swiglu(gate, up, res):
