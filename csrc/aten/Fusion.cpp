@@ -763,8 +763,11 @@ void runOwn(Own op, const Ptr* in, const Ptr& out, int64_t rows, int64_t cols) {
     // A copy converts straight into the result row.
     if (op == Own::kCopy) {
       const float* a = loadRow(in[0], r, cols, o);
-      if (a != o) std::copy_n(a, cols, o);
-      if (!direct) storeRow(out, r, cols, o);
+      if (!direct) {
+        storeRow(out, r, cols, a);  // converted from where the row is
+      } else if (a != o) {
+        std::copy_n(a, cols, o);
+      }
       continue;
     }
     if (arity == 2 && (single(in[0]) || single(in[1]))) {
