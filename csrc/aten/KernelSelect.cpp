@@ -1084,6 +1084,16 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
     syncCurrentStream(d);
     return static_cast<int64_t>(seen->load());
   });
+  // The same for MKL's per-thread count (-1: no MKL).
+  m.def("_worker_mkl_threads(int device, int threads) -> int", [](int64_t device,
+                                                                  int64_t threads) {
+    auto seen = std::make_shared<std::atomic<int>>(-2);
+    const auto d = static_cast<c10::DeviceIndex>(device);
+    launch(d, "axon::_worker_mkl_threads", [seen] { seen->store(kernelMklThreads()); },
+           static_cast<int>(threads));
+    syncCurrentStream(d);
+    return static_cast<int64_t>(seen->load());
+  });
   // The table's file ("" when AXON_KERNEL_SELECT_CACHE=0 or no home) and the machine.
   m.def("_kernel_select_path() -> str", [] { return cachePath(); });
   m.def("_kernel_select_machine() -> str", [] { return machine(); });

@@ -81,6 +81,17 @@ namespace {
 thread_local int team_size = 0;  // the thread's default, read once
 }  // namespace
 
+// MKL's per-thread count, which its GEMMs obey before OpenMP's: libtorch's
+// lazy init sets it on a thread's first parallel loop once
+// torch.set_num_threads was called (at::set_num_threads ->
+// mkl_set_num_threads_local).  MKL's C entry points (mkl_service.h maps the
+// lower-case names to them; the lower-case symbols are the Fortran ones,
+// which take pointers).  Weak: a libtorch built without MKL has neither.
+extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
+extern "C" int MKL_Get_Max_Threads() __attribute__((weak));
+
+int kernelMklThreads() { return MKL_Get_Max_Threads != nullptr ? MKL_Get_Max_Threads() : -1; }
+
 int kernelTeamSize() {
   if (team_size == 0) {
     // ATen sets a thread's team size at its first parallel loop (libtorch's
@@ -96,7 +107,11 @@ void setKernelThreads(int threads) {
   const int want = threads > 0 ? std::min(threads, all) : all;
   // The live value (a thread-local read), not a cached one: anything the
   // kernels call may have set it.
-  if (omp_get_max_threads() != want) omp_set_num_threads(want);
+  if (omp_get_max_threads() != want) {
+    omp_set_num_threads(want);
+    // Whatever set OpenMP's count (ATen's lazy init) may have set MKL's too.
+    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(want);
+  }
 }
 
 std::unique_ptr<Work> functionWork(std::function<void()> fn) {

@@ -83,6 +83,8 @@ void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn,
 // runs), and the team's full size there.
 void setKernelThreads(int threads);
 int kernelTeamSize();
+// The threads MKL's GEMMs would use on this thread now (-1: no MKL).
+int kernelMklThreads();
 
 // Drops the references held by kernels that have run.
 void releaseFinishedWork();

@@ -171,3 +171,23 @@ def test_worker_team_size_is_what_the_launch_asked():
     first, rest = r.stdout.split("\n")[0], r.stdout.split("\n")[1]
     team = torch.get_num_threads()
     assert first == "1" and rest.split() == ["1", str(team), "1"]
+
+
+def test_worker_mkl_threads_follow_the_launch():
+    """Once torch.set_num_threads was called, libtorch's lazy init gives each new thread
+    MKL's per-thread count (mkl_set_num_threads_local), which MKL's GEMMs obey before
+    OpenMP's: a launch on the worker alone must leave MKL one thread too, and a team
+    launch the whole team. -1: this torch has no MKL (nothing to check)."""
+    code = ("import torch, torch_axon\n"
+            "torch.set_num_threads(torch.get_num_threads())\n"
+            "probe = torch.ops.axon._worker_mkl_threads\n"
+            "x = torch.randn(256, 256, device='axon')\n"
+            "torch.ops.axon._set_kernel_threads('team')\n"
+            "(x @ x).sum().item()\n"  # ATen's parallel loops and MKL on the worker
+            "print(probe(0, 1), probe(0, 0), probe(0, 1))\n")
+    r = _python(code)
+    assert r.returncode == 0, r.stderr
+    got = r.stdout.split()
+    team = torch.get_num_threads()
+    assert got in (["1", str(team), "1"], ["-1", "-1", "-1"]), got
+
