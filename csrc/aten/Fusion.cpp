@@ -1056,10 +1056,12 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
             size_t free_after;
           };
           c10::SmallVector<Slot, kBlockSlots> slots;
-          const auto slotOf = [&](const Dead* d) -> int {
+          // A result gets its slot at the op that writes it (or never): a
+          // later reader finds that slot, or the scratch tile.
+          const auto slotOf = [&](const Dead* d, bool writer) -> int {
             for (size_t k = 0; k < slots.size(); ++k)
               if (slots[k].d == d) return static_cast<int>(k);
-            if (d->region->cls != Cls::kFull || d->op < i || d->last >= j) return -1;
+            if (!writer || d->region->cls != Cls::kFull || d->op < i || d->last >= j) return -1;
             for (size_t k = 0; k < slots.size(); ++k)
               if (slots[k].free_after < d->op) {
                 slots[k] = Slot{d, d->last};
@@ -1077,7 +1079,8 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
             st.op = q.own;
             const auto place = [&](const Operand& o, Ptr* dst, int8_t* slot) {
               const Dead* d = scratchFor(k, o);
-              *slot = static_cast<int8_t>(d != nullptr ? slotOf(d) : -1);
+              const bool writer = d != nullptr && d->op == k && &o == &q.operands.back();
+              *slot = static_cast<int8_t>(d != nullptr ? slotOf(d, writer) : -1);
               *dst = ptrOf(k, o);
             };
             for (int m = 0; m < 2; ++m) {

@@ -98,9 +98,11 @@ def test_own_runs_on_the_team_bitwise():
     torch.axon._C._test_fusion_tile_bytes(0)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         x, w = make((4, 96, 160), dtype, seed=7), make((160,), dtype, seed=8)
-        before = torch.axon._C._team_stats()["loops"]
+        # On one thread (or with the team busy) the runtime runs the loop serially.
+        key = "loops" if torch.get_num_threads() > 1 else "serial_loops"
+        before = torch.axon._C._team_stats()[key]
         got, _ = fused_vs_op_by_op(lambda x, w: (hf_rms_norm(x, w), swiglu(x, x * 2, x)), [x, w])
-        assert torch.axon._C._team_stats()["loops"] > before
+        assert torch.axon._C._team_stats()[key] > before
         torch.testing.assert_close(got[0], hf_rms_norm(x, w), atol=2e-2 if dtype != torch.float32 else 1e-5,
                                    rtol=2e-2 if dtype != torch.float32 else 1e-5)
 
