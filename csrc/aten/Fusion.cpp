@@ -1104,10 +1104,14 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
           const int64_t n_blocks = (rows + block - 1) / block;
           OwnRunWork policy;
           const int forced = own_threads_override.load(std::memory_order_relaxed);
+          // Chunks of half ATen's grain (a test's forced team: single blocks);
+          // a run of fewer than two chunks stays on the worker.
+          const int64_t grain =
+              forced != 0 ? 1 : std::max<int64_t>(1, at::internal::GRAIN_SIZE / 2 / (block * C));
           int threads = 1;
           if (forced != 0) {
             threads = forced == 2 ? 0 : 1;
-          } else if (n_blocks > 1) {
+          } else if (n_blocks >= 2 * grain) {
             threads = kselect::threadsFor("axon::fused", step_bytes, rows * C, policy,
                                           kselect::TeamKind::kCompute, true);
           }
@@ -1115,9 +1119,6 @@ rt::FusionResult runFused(rt::FusibleTask* const* tasks, const uint64_t* seqs, s
           if (threads == 1) {
             runOwnBlocks(const_cast<OwnRun*>(&run), 0, n_blocks);
           } else {
-            // Chunks of half ATen's grain (a test's forced team: single blocks).
-            const int64_t grain =
-                forced != 0 ? 1 : std::max<int64_t>(1, at::internal::GRAIN_SIZE / 2 / (block * C));
             ::axon::rt::team_parallel_for(threads == 0 ? kernelTeamSize() : threads, 0, n_blocks,
                                           grain, const_cast<OwnRun*>(&run), &runOwnBlocks);
           }
