@@ -704,6 +704,36 @@ AXON_INLINE float rowSum(const float* x, int64_t n) {
   return 0.0f + (n >= 8 ? rowSumLanes<8>(x, n) : rowSumLanes<1>(x, n));
 }
 
+// bfloat16 <-> float as loadRow and storeRow convert (exact; round to
+// nearest even, NaN to 0x7FC0).
+AXON_INLINE float bf16ToFloat(uint16_t h) { return c10::bit_cast<float>(uint32_t{h} << 16); }
+AXON_INLINE uint16_t floatToBf16(float v) {
+  const uint32_t u = c10::bit_cast<uint32_t>(v);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(v != v ? 0x7FC0u : rounded);
+}
+
+// q = op(a, b) over n elements into a bfloat16 row in one pass: each input
+// a bfloat16 row (A16/B16) or floats, each element computed in float and
+// rounded once, as loadRow + the op + storeRow do in three passes.
+template <bool A16, bool B16, typename F>
+AXON_INLINE void bf16Binary(const void* a, const void* b, uint16_t* q, int64_t n, F f) {
+  for (int64_t c = 0; c < n; ++c) {
+    const float x = A16 ? bf16ToFloat(static_cast<const uint16_t*>(a)[c]) : static_cast<const float*>(a)[c];
+    const float y = B16 ? bf16ToFloat(static_cast<const uint16_t*>(b)[c]) : static_cast<const float*>(b)[c];
+    q[c] = floatToBf16(f(x, y));
+  }
+}
+
+template <typename F>
+AXON_INLINE void bf16BinaryAny(bool a16, bool b16, const void* a, const void* b, uint16_t* q,
+                               int64_t n, F f) {
+  if (a16 && b16) return bf16Binary<true, true>(a, b, q, n, f);
+  if (a16) return bf16Binary<true, false>(a, b, q, n, f);
+  if (b16) return bf16Binary<false, true>(a, b, q, n, f);
+  bf16Binary<false, false>(a, b, q, n, f);
+}
+
 // out = op(a[, b]) over rows x cols, each element in float, rounded once.
 // Compiled for AVX-512, AVX2 and the baseline (picked at load time); this
 // file is built without floating-point contraction (an FMA would round once
@@ -803,6 +833,25 @@ void runOwn(Own op, const Ptr* in, const Ptr& out, int64_t rows, int64_t cols) {
         }
       }
       if (!direct) storeRow(out, r, cols, o);
+      continue;
+    }
+    if (arity == 2 && out.dtype == at::kBFloat16 && out.col == 1 && cols > 1) {
+      // Into a bfloat16 row: one pass, reading bfloat16 rows where they are.
+      const auto row16 = [&](int k) {
+        return fixed[k] == nullptr && in[k].dtype == at::kBFloat16 && in[k].col == 1;
+      };
+      const bool a16 = row16(0), b16 = row16(1);
+      const void* a = a16 ? static_cast<const void*>(in[0].ptr + r * in[0].row * 2)
+                          : (fixed[0] != nullptr ? fixed[0] : loadRow(in[0], r, cols, ba));
+      const void* b = b16 ? static_cast<const void*>(in[1].ptr + r * in[1].row * 2)
+                          : (fixed[1] != nullptr ? fixed[1] : loadRow(in[1], r, cols, bb));
+      auto* q = reinterpret_cast<uint16_t*>(out.ptr + r * out.row * 2);
+      switch (op) {
+        case Own::kAdd: bf16BinaryAny(a16, b16, a, b, q, cols, [](float x, float y) { return x + y; }); break;
+        case Own::kSub: bf16BinaryAny(a16, b16, a, b, q, cols, [](float x, float y) { return x - y; }); break;
+        case Own::kMul: bf16BinaryAny(a16, b16, a, b, q, cols, [](float x, float y) { return x * y; }); break;
+        default: bf16BinaryAny(a16, b16, a, b, q, cols, [](float x, float y) { return x / y; }); break;
+      }
       continue;
     }
     const float* a = fixed[0] != nullptr ? fixed[0] : loadRow(in[0], r, cols, ba);

@@ -1019,6 +1019,20 @@ std::vector<ThreadRow> threadTable() {
   return rows;
 }
 
+namespace {
+// What `probe` returns when run as a kernel launched on `threads` on
+// device's current stream.
+template <typename Probe>
+int64_t probeOnWorker(int64_t device, int64_t threads, Probe probe) {
+  auto seen = std::make_shared<std::atomic<int>>(-2);
+  const auto d = static_cast<c10::DeviceIndex>(device);
+  launch(d, "axon::_worker_probe", [seen, probe] { seen->store(probe()); },
+         static_cast<int>(threads));
+  syncCurrentStream(d);
+  return static_cast<int64_t>(seen->load());
+}
+}  // namespace
+
 TORCH_LIBRARY_FRAGMENT(axon, m) {
   // Forces a kernel in this process: "own", "library", "auto"; "" goes back
   // to AXON_KERNEL_SELECT.
@@ -1072,27 +1086,16 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
   // Writes the tables' new entries to the file now (else: at most once a
   // second while entries come in, and at exit).
   m.def("_kernel_select_save() -> ()", [] { save(); });
-  // The OpenMP team size a kernel launched on `threads` (1, or 0: the team)
-  // on device's current stream sees (tests: the worker's count is never
-  // stale).
+  // The OpenMP team size, and MKL's per-thread count (-1: no MKL), that a
+  // kernel launched on `threads` (1, or 0: the team) on device's current
+  // stream sees (tests: the worker's counts are never stale).
   m.def("_worker_omp_threads(int device, int threads) -> int", [](int64_t device,
                                                                   int64_t threads) {
-    auto seen = std::make_shared<std::atomic<int>>(-1);
-    const auto d = static_cast<c10::DeviceIndex>(device);
-    launch(d, "axon::_worker_omp_threads", [seen] { seen->store(omp_get_max_threads()); },
-           static_cast<int>(threads));
-    syncCurrentStream(d);
-    return static_cast<int64_t>(seen->load());
+    return probeOnWorker(device, threads, [] { return omp_get_max_threads(); });
   });
-  // The same for MKL's per-thread count (-1: no MKL).
   m.def("_worker_mkl_threads(int device, int threads) -> int", [](int64_t device,
                                                                   int64_t threads) {
-    auto seen = std::make_shared<std::atomic<int>>(-2);
-    const auto d = static_cast<c10::DeviceIndex>(device);
-    launch(d, "axon::_worker_mkl_threads", [seen] { seen->store(kernelMklThreads()); },
-           static_cast<int>(threads));
-    syncCurrentStream(d);
-    return static_cast<int64_t>(seen->load());
+    return probeOnWorker(device, threads, [] { return kernelMklThreads(); });
   });
   // The table's file ("" when AXON_KERNEL_SELECT_CACHE=0 or no home) and the machine.
   m.def("_kernel_select_path() -> str", [] { return cachePath(); });

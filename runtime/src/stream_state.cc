@@ -1,4 +1,5 @@
 #include "stream_state.h"
+#include "spin.h"
 
 #include <algorithm>
 #include <exception>
@@ -15,14 +16,6 @@ namespace axon::rt {
 namespace {
 
 constexpr auto kSpin = std::chrono::microseconds(50);
-
-inline void spin_pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // The queue's lock is held for a few instructions, by the host (enqueue) and
 // the worker (take a task, finish one).  A thread that finds it held spins

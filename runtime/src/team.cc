@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "axon/runtime.h"
+#include "spin.h"
 
 namespace axon::rt {
 namespace {
@@ -34,14 +35,6 @@ constexpr auto kHelperSpin = std::chrono::microseconds(40);
 constexpr int64_t kChunksPerThread = 4;
 constexpr int kMaxThreads = 64;
 static_assert(kMaxThreads * kChunksPerThread < (1 << 16));
-
-inline void spin_pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 struct Team {
   std::mutex loop;  // held by the caller of the loop on the team
