@@ -547,6 +547,15 @@ struct Ptr {
 
 #define AXON_INLINE inline __attribute__((always_inline))
 
+// bfloat16 <-> float: exact one way; the other c10::BFloat16(float), written
+// so that it vectorises (round to nearest even, NaN to 0x7FC0).
+AXON_INLINE float bf16ToFloat(uint16_t h) { return c10::bit_cast<float>(uint32_t{h} << 16); }
+AXON_INLINE uint16_t floatToBf16(float v) {
+  const uint32_t u = c10::bit_cast<uint32_t>(v);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(v != v ? 0x7FC0u : rounded);
+}
+
 AXON_INLINE float loadOne(const char* p, c10::ScalarType t) {
   switch (t) {
     case at::kFloat: return *reinterpret_cast<const float*>(p);
@@ -573,7 +582,7 @@ AXON_INLINE const float* loadRow(const Ptr& a, int64_t r, int64_t cols, float* b
       return reinterpret_cast<const float*>(p);
     case at::kBFloat16: {
       const auto* q = reinterpret_cast<const uint16_t*>(p);
-      for (int64_t c = 0; c < cols; ++c) buf[c] = c10::bit_cast<float>(uint32_t{q[c]} << 16);
+      for (int64_t c = 0; c < cols; ++c) buf[c] = bf16ToFloat(q[c]);
       return buf;
     }
     default: {
@@ -594,14 +603,8 @@ AXON_INLINE void storeRow(const Ptr& o, int64_t r, int64_t cols, const float* v)
       return;
     }
     case at::kBFloat16: {
-      // c10::BFloat16(float), written so that it vectorises: round to
-      // nearest even, NaN to 0x7FC0.
       auto* q = reinterpret_cast<uint16_t*>(p);
-      for (int64_t c = 0; c < cols; ++c) {
-        const uint32_t u = c10::bit_cast<uint32_t>(v[c]);
-        const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-        q[c] = static_cast<uint16_t>(v[c] != v[c] ? 0x7FC0u : rounded);
-      }
+      for (int64_t c = 0; c < cols; ++c) q[c] = floatToBf16(v[c]);
       return;
     }
     default: {
@@ -702,15 +705,6 @@ AXON_INLINE float rowSumLanes(const float* x, int64_t n) {
 AXON_INLINE float rowSum(const float* x, int64_t n) {
   // The kernel's output starts at 0 and accumulates the row's sum.
   return 0.0f + (n >= 8 ? rowSumLanes<8>(x, n) : rowSumLanes<1>(x, n));
-}
-
-// bfloat16 <-> float as loadRow and storeRow convert (exact; round to
-// nearest even, NaN to 0x7FC0).
-AXON_INLINE float bf16ToFloat(uint16_t h) { return c10::bit_cast<float>(uint32_t{h} << 16); }
-AXON_INLINE uint16_t floatToBf16(float v) {
-  const uint32_t u = c10::bit_cast<uint32_t>(v);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return static_cast<uint16_t>(v != v ? 0x7FC0u : rounded);
 }
 
 // q = op(a, b) over n elements into a bfloat16 row in one pass: each input
