@@ -91,7 +91,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["load", "include_path", "build_info", "KernelLibrary", "KernelFunction", "can_skip_dispatch",
+__all__ = ["load", "include_path", "build_info", "KernelLibrary", "KernelFunction", "can_skip_dispatch", "contiguous_as_fake",
            "BuildInfo", "cache_dir"]
 
 _INCLUDE = Path(__file__).resolve().parent / "include"
@@ -214,6 +214,23 @@ def can_skip_dispatch(*tensors) -> bool:
         if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
             return False
     return True
+
+
+def contiguous_as_fake(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``t`` in ``dtype`` (default: its own) with the strides ``torch.empty(t.shape)`` has,
+    which is what a fake implementation that returns ``torch.empty`` promises: ``t``
+    itself when it already is (strides of size-1 dims included), else a copy. For a real
+    implementation whose result comes from other ops (a fallback, a transpose)."""
+    dtype = t.dtype if dtype is None else dtype
+    strides, n = [], 1
+    for size in reversed(t.shape):
+        strides.append(n)
+        n *= max(size, 1)
+    if t.dtype == dtype and t.stride() == tuple(reversed(strides)):
+        return t
+    out = torch.empty(t.shape, dtype=dtype, device=t.device)
+    out.copy_(t)
+    return out
 
 
 def build_info(lib: KernelLibrary) -> BuildInfo:

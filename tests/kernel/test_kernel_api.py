@@ -769,3 +769,24 @@ def test_concurrent_builds_install_once(tmp_path):
     entries = os.listdir(tmp_path)
     assert len(entries) == 1 and not entries[0].startswith("."), entries
     assert sorted(os.listdir(tmp_path / entries[0])) == ["librace.so", "race.cpp"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_contiguous_as_fake(dtype):
+    """The strides and dtype a fake's torch.empty(shape) has, from transposed, size-1-dim
+    (contiguous but with other strides), zero-size and already-dense inputs; values equal
+    the CPU's conversion; an input that already matches is returned itself."""
+    from torch_axon.kernel import contiguous_as_fake
+
+    cpu = torch.randn(5, 1, 7).to(dtype)
+    cases = [cpu.transpose(0, 2), cpu.as_strided((5, 1, 7), (7, 1, 1)), cpu[:0], cpu]
+    for c in cases:
+        t = torch.empty_strided(c.shape, c.stride(), dtype=dtype, device="axon").copy_(c)
+        for want in (None, torch.float32):
+            got = contiguous_as_fake(t, want)
+            fake = torch.empty(t.shape, dtype=want or dtype)
+            assert got.dtype == fake.dtype and got.stride() == fake.stride()
+            assert torch.equal(got.cpu(), c.to(fake.dtype))
+    dense = torch.randn(3, 4, device="axon", dtype=dtype)
+    assert contiguous_as_fake(dense) is dense
+

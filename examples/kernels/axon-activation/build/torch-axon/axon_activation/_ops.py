@@ -67,17 +67,10 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _dense(t):
-    """t with the contiguous strides the fake promises (t itself if it has them)."""
-    strides, n = [], 1
-    for size in reversed(t.shape):
-        strides.append(n)
-        n *= max(size, 1)
-    if t.stride() == tuple(reversed(strides)):
-        return t
-    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
+def _dense(t, dtype=None):
+    from torch_axon.kernel import contiguous_as_fake
+
+    return contiguous_as_fake(t, dtype)
 
 
 def _launch(gate, up, out, kind):

@@ -28,21 +28,10 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _dense(t, dtype):
-    """t with the dtype and the contiguous strides the fake promises (t itself if it has them)."""
-    if t.dtype == dtype and t.stride() == _strides(t.shape):
-        return t
-    out = torch.empty(t.shape, dtype=dtype, device=t.device)
-    out.copy_(t)
-    return out
+def _dense(t, dtype=None):
+    from torch_axon.kernel import contiguous_as_fake
 
-
-def _strides(shape):
-    strides, n = [], 1
-    for size in reversed(shape):
-        strides.append(n)
-        n *= max(size, 1)
-    return tuple(reversed(strides))
+    return contiguous_as_fake(t, dtype)
 
 
 def _dtype(x, residual):

@@ -38,17 +38,10 @@ def _lastdim(t):
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
-def _dense(t, dtype):
-    """t with the dtype and the contiguous strides the fake promises (t itself if it has them)."""
-    strides, n = [], 1
-    for size in reversed(t.shape):
-        strides.append(n)
-        n *= max(size, 1)
-    if t.dtype == dtype and t.stride() == tuple(reversed(strides)):
-        return t
-    out = torch.empty(t.shape, dtype=dtype, device=t.device)
-    out.copy_(t)
-    return out
+def _dense(t, dtype=None):
+    from torch_axon.kernel import contiguous_as_fake
+
+    return contiguous_as_fake(t, dtype)
 
 
 def _rows(t):
