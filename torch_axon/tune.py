@@ -20,7 +20,10 @@ and a 128-token prefill (linear, norms, softmax, attention, forward and backward
 a few elementwise kernels for the thread policy), in float32, bfloat16 and float16.
 AXON_KERNEL_SELECT=own|library|auto (default auto) forces a kernel,
 AXON_KERNEL_THREADS=worker|team|auto (default auto) the threads;
-AXON_KERNEL_SELECT_CACHE=0 keeps the tables in memory only.
+AXON_KERNEL_SELECT_CACHE=0 keeps the tables in memory only.  A close call (the
+runner-up within 1.5x) measured by fewer than 3 processes is measured again by the next
+one, which keeps each side's minimum ("measured runs"): a busy machine's one slow
+measurement does not decide it for good.
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ HIDDEN, INTERMEDIATE, VOCAB, HEADS, HEAD_DIM = 512, 1408, 32000, 8, 64
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 COLUMNS = ("op", "dtype", "shape class", "layout", "choice", "threads", "source",
            "own/worker us", "own/team us", "library/worker us", "library/team us", "own runs",
-           "library runs")
+           "library runs", "measured runs")
 THREAD_COLUMNS = ("kernel", "bytes", "threads", "source", "worker us", "team us",
-                  "worker runs", "team runs")
+                  "worker runs", "team runs", "measured runs")
 
 
 def _C():
@@ -48,14 +51,15 @@ def _C():
 
 def table() -> list[tuple]:
     """The rows (op, dtype, shape class, layout, choice, threads, source, own/worker us,
-    own/team us, library/worker us, library/team us, own runs, library runs); times are
-    -1 where not measured, inf where ATen's kernel failed."""
+    own/team us, library/worker us, library/team us, own runs, library runs, measurements:
+    how many processes measured the times, each keeping the minimum); times are -1 where
+    not measured, inf where ATen's kernel failed."""
     return [tuple(r) for r in _C()._kernel_select_table()]
 
 
 def thread_table() -> list[tuple]:
     """The rows (kernel, class of bytes its tensors hold, threads, source, worker us, team us,
-    worker runs, team runs) of the thread policy."""
+    worker runs, team runs, measurements) of the thread policy."""
     return [tuple(r) for r in _C()._thread_policy_table()]
 
 

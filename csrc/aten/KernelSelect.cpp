@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -63,6 +64,13 @@ constexpr double kPoolTeamMargin = 0.95;
 constexpr int kTrialRuns = 3;
 // The table file is rewritten at most this often (and at exit).
 constexpr double kSaveIntervalS = 1.0;
+// Confirmation: a decision from fewer than kConfirmations measurements whose
+// runner-up (after handicaps) is within kCloseCall of the winner is measured
+// again by the next process that uses it, which keeps each variant's minimum
+// over the measurements: one measurement on a busy machine does not decide a
+// close call for good.
+constexpr int kConfirmations = 3;
+constexpr double kCloseCall = 1.5;
 
 enum class Source : uint8_t { kPending, kMeasured, kLoaded, kUnmeasured };
 
@@ -97,6 +105,13 @@ struct Entry {
   // Trials (kernels that update their inputs): launches issued and timed runs.
   std::array<int64_t, kVariants> trial_issued{};
   std::array<int, kVariants> trial_timed{};
+  // Measurements behind `us` (processes that measured it); when `confirm`,
+  // the table file's times (`prior`, from prior_samples measurements) wait
+  // to be merged with this process's.
+  int samples = 0;
+  bool confirm = false;
+  int prior_samples = 0;
+  std::array<double, kVariants> prior{-1, -1, -1, -1};
 };
 
 const char* const kOpNames[] = {"linear",           "softmax",           "log_softmax",
@@ -278,7 +293,7 @@ std::string cachePath() {
     return "";
   }
   uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a of the format and the machine
-  for (unsigned char c : std::string("kernel_select 4; ") + machine()) {
+  for (unsigned char c : std::string("kernel_select 5; ") + machine()) {
     hash = (hash ^ c) * 0x100000001b3ULL;
   }
   char name[64];
@@ -311,6 +326,10 @@ struct ThreadEntry final : TimedRun {
   int64_t issued[2] = {0, 0};
   int untimed = 0;                      // trial runs at the call (Launch.cpp), not timed
   std::atomic<int64_t> runs[2] = {0, 0};
+  int samples = 0;                      // as Entry's
+  bool confirm = false;
+  int prior_samples = 0;
+  double prior[2] = {-1, -1};
   void record(int threads, double us) override;
 };
 struct NameKey {
@@ -331,6 +350,7 @@ struct FileThreadEntry {
   uint8_t elements;
   int threads;
   double worker_us, team_us;
+  int samples;
 };
 auto& file_threads = *new std::unordered_map<std::string, FileThreadEntry>;  // table_mutex
 std::string fileThreadKey(const std::string& kernel, uint8_t elements) {
@@ -349,6 +369,7 @@ struct FileEntry {
   uint64_t packed;
   int auto_variant;
   std::array<double, kVariants> us;
+  int samples;
 };
 
 // The entries of a table file: the flat objects with a "key" (selection) or
@@ -387,12 +408,15 @@ void readFile(const std::string& path, std::vector<FileEntry>& out,
     };
     const auto threads = string_field("threads");
     if (!threads || (*threads != "worker" && *threads != "team")) continue;
+    // Without a count (written by hand): as good as confirmed.
+    const double measured = number("measurements");
+    const int samples = measured >= 1 ? static_cast<int>(std::min(measured, 1e6)) : kConfirmations;
     const int team = *threads == "team" ? 1 : 0;
     if (const auto kernel = string_field("kernel")) {
       const double cls = number("bytes_class");
       if (cls < 0 || cls > 62) continue;
       threads_out.push_back(FileThreadEntry{*kernel, static_cast<uint8_t>(cls), team ? 0 : 1,
-                                            number("worker_us"), number("team_us")});
+                                            number("worker_us"), number("team_us"), samples});
       continue;
     }
     const auto key = string_field("key");
@@ -407,7 +431,7 @@ void readFile(const std::string& path, std::vector<FileEntry>& out,
     if (*choice == "own") impl = 0;
     else if (*choice == "library") impl = 1;
     else continue;
-    FileEntry e{packed, impl * 2 + team, {}};
+    FileEntry e{packed, impl * 2 + team, {}, samples};
     for (int v = 0; v < kVariants; ++v) e.us[v] = number(kVariantFields[v]);
     out.push_back(e);
   }
@@ -422,6 +446,62 @@ const bool save_at_exit_registered = [] {
   std::atexit(saveAtExit);
   return true;
 }();
+
+// Whether a decision from these times is a close call (see kCloseCall): the
+// best two finite times after handicaps within kCloseCall of each other.
+bool closeCall(const std::array<double, kVariants>& us, Op op) {
+  double first = std::numeric_limits<double>::infinity(), second = first;
+  for (int v = 0; v < kVariants; ++v) {
+    if (us[v] < 0 || std::isinf(us[v])) continue;
+    const double h = handicapped(v, us[v], op);
+    if (h < first) {
+      second = first;
+      first = h;
+    } else if (h < second) {
+      second = h;
+    }
+  }
+  return std::isfinite(second) && second < first * kCloseCall;
+}
+bool closeCall(TeamKind team, double worker_us, double team_us) {
+  if (worker_us < 0 || team_us < 0 || std::isinf(worker_us) || std::isinf(team_us)) return false;
+  const double a = worker_us, b = teamHandicapped(team, team_us);
+  return std::max(a, b) < std::min(a, b) * kCloseCall;
+}
+
+// The table file's entry for t: decides, or (a close call from too few
+// measurements) waits for this process's trials to be merged with it.
+void adoptFileEntry(ThreadEntry& t, const FileThreadEntry& f) {
+  t.samples = f.samples;
+  if (f.samples < kConfirmations && closeCall(t.team, f.worker_us, f.team_us)) {
+    t.confirm = true;
+    t.prior_samples = f.samples;
+    t.prior[0] = f.worker_us;
+    t.prior[1] = f.team_us;
+    return;
+  }
+  t.source = Source::kLoaded;
+  t.threads = f.threads;
+  t.best[0] = f.worker_us;
+  t.best[1] = f.team_us;
+}
+
+// A selection entry's new times: merged with the file's when confirming.
+void mergePrior(Entry& e) {
+  if (!e.confirm) {
+    e.samples = std::max(e.samples, 1);
+    return;
+  }
+  for (int v = 0; v < kVariants; ++v) {
+    const double p = e.prior[v];
+    if (p < 0) continue;
+    double& u = e.us[v];
+    u = u < 0 ? p : (std::isinf(p) || std::isinf(u)) ? std::numeric_limits<double>::infinity()
+                                                     : std::min(u, p);
+  }
+  e.samples = e.prior_samples + 1;
+  e.confirm = false;
+}
 
 void loadLocked() {
   if (loaded) return;
@@ -440,6 +520,10 @@ void loadLocked() {
     e.source = Source::kLoaded;
     e.us = f.us;
     e.auto_variant = f.auto_variant;
+    e.samples = f.samples;
+    e.confirm = f.samples < kConfirmations && closeCall(f.us, e.key.op);
+    e.prior_samples = f.samples;
+    e.prior = f.us;
   }
   for (const FileThreadEntry& f : file_thread) {
     file_threads[fileThreadKey(f.kernel, f.elements)] = f;
@@ -447,11 +531,7 @@ void loadLocked() {
   for (auto& [k, t] : thread_entries) {
     if (t->source != Source::kUnmeasured) continue;
     auto it = file_threads.find(fileThreadKey(t->kernel, t->elements));
-    if (it == file_threads.end()) continue;
-    t->source = Source::kLoaded;
-    t->threads = it->second.threads;
-    t->best[0] = it->second.worker_us;
-    t->best[1] = it->second.team_us;
+    if (it != file_threads.end()) adoptFileEntry(*t, it->second);
   }
   bump();
 }
@@ -508,12 +588,14 @@ void save() {
   {
     std::lock_guard<std::mutex> g(table_mutex);
     for (const auto& [k, e] : entries) {
-      if (known(e->source) && e->auto_variant >= 0) all[k] = FileEntry{k, e->auto_variant, e->us};
+      if (known(e->source) && e->auto_variant >= 0) {
+        all[k] = FileEntry{k, e->auto_variant, e->us, e->samples};
+      }
     }
     for (const auto& [k, t] : thread_entries) {
       if (known(t->source)) {
         all_threads[fileThreadKey(t->kernel, t->elements)] =
-            FileThreadEntry{t->kernel, t->elements, t->threads, t->best[0], t->best[1]};
+            FileThreadEntry{t->kernel, t->elements, t->threads, t->best[0], t->best[1], t->samples};
       }
     }
     last_save = std::chrono::steady_clock::now();
@@ -538,7 +620,7 @@ void save() {
       for (int v = 0; v < kVariants; ++v) {
         f << ", \"" << kVariantFields[v] << "\": " << jsonNumber(e.us[v]);
       }
-      f << "}";
+      f << ", \"measurements\": " << e.samples << "}";
       sep = ",\n";
     }
     f << "\n  ],\n  \"threads\": [";
@@ -548,7 +630,8 @@ void save() {
         << ", \"bytes_class\": " << static_cast<int>(t.elements) << ", \"bytes\": \"<=2^"
         << static_cast<int>(t.elements) << "\", \"threads\": \""
         << threadsName(t.threads) << "\", \"worker_us\": " << jsonNumber(t.worker_us)
-        << ", \"team_us\": " << jsonNumber(t.team_us) << "}";
+        << ", \"team_us\": " << jsonNumber(t.team_us) << ", \"measurements\": " << t.samples
+        << "}";
       sep = ",\n";
     }
     f << "\n  ]\n}\n";
@@ -711,7 +794,7 @@ Lookup lookup(const Key& key) {
   l.entry = &e;
   if (__builtin_popcount(l.allowed) == 1) {
     l.choice = variantChoice(__builtin_ctz(l.allowed));
-  } else if (known(e.source) && (l.allowed & ~measuredMask(e)) == 0 &&
+  } else if (known(e.source) && !e.confirm && (l.allowed & ~measuredMask(e)) == 0 &&
              best(e.us, l.allowed, key.op) >= 0) {
     // The table's choice (as measured, or as someone edited the file) when
     // the modes leave every variant open.
@@ -732,9 +815,11 @@ Decision choose(const Key& key) {
   if (l.choice) return Decision{l.choice, 0};
   Entry& e = *l.entry;
   if (e.source == Source::kPending) {
-    // Its measurement is queued: the first variant the modes allow (ours on
-    // the worker unless forced).
-    const Choice c = variantChoice(__builtin_ctz(l.allowed));
+    // Its measurement is queued: the file's choice while confirming it, else
+    // the first variant the modes allow (ours on the worker unless forced).
+    const Choice c = variantChoice(e.confirm && l.allowed == 0xf && e.auto_variant >= 0
+                                       ? e.auto_variant
+                                       : __builtin_ctz(l.allowed));
     count(e, c.impl);
     return Decision{c, 0};
   }
@@ -837,6 +922,7 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
   for (int v = 0; v < kVariants; ++v) {
     if (mask & (1 << v)) e.us[v] = us[v];
   }
+  mergePrior(e);
   e.source = Source::kMeasured;
   // The full auto mode's choice, once every variant this machine has is measured.
   const uint8_t available = teamAvailable() && kernelTeamSize() > 1 ? 0xf : 0b0101;
@@ -893,6 +979,7 @@ void recordTrial(void* trial, int variant, double us) {
     if (e.trial_issued[v] > 0) issued |= 1 << v;
     if ((allowed & (1 << v)) && e.trial_timed[v] <= kTrialRuns) return;
   }
+  mergePrior(e);
   e.source = Source::kMeasured;
   const uint8_t available = teamAvailable() ? 0xf : 0b0101;
   if ((available & ~issued) == 0) e.auto_variant = best(e.us, available, e.key.op);
@@ -915,6 +1002,15 @@ void ThreadEntry::record(int threads, double us) {
   } else {
     best[side] = best[side] < 0 ? us : std::min(best[side], us);  // a failed run: 1e300
     if (timed[0] <= kTrialRuns || timed[1] <= kTrialRuns) return;
+  }
+  if (confirm) {
+    for (int k = 0; k < 2; ++k) {
+      if (prior[k] >= 0) best[k] = best[k] < 0 ? prior[k] : std::min(best[k], prior[k]);
+    }
+    samples = prior_samples + 1;
+    confirm = false;
+  } else {
+    samples = 1;
   }
   this->threads = best[0] >= 0 && best[1] >= 0 && teamHandicapped(team, best[1]) < best[0] ? 0 : 1;
   source = Source::kMeasured;
@@ -951,12 +1047,7 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
     t->elements = cls;
     t->team = team;
     auto it = file_threads.find(fileThreadKey(t->kernel, cls));
-    if (it != file_threads.end()) {
-      t->source = Source::kLoaded;
-      t->threads = it->second.threads;
-      t->best[0] = it->second.worker_us;
-      t->best[1] = it->second.team_us;
-    }
+    if (it != file_threads.end()) adoptFileEntry(*t, it->second);
   }
   if (known(t->source)) {
     slot = CachedThreads{name, cls, gen, t};
@@ -991,7 +1082,7 @@ std::vector<Row> table() {
     rows.push_back(Row{kOpNames[static_cast<int>(e->key.op)], dtypeName(e->key.dtype),
                        shapeName(e->key), layoutName(e->key), has ? implName(c.impl) : "-",
                        has ? threadsName(c.threads) : "-", sources[static_cast<int>(e->source)],
-                       e->us, e->own_runs.load(), e->library_runs.load()});
+                       e->us, e->own_runs.load(), e->library_runs.load(), e->samples});
   }
   return rows;
 }
@@ -1008,12 +1099,12 @@ std::vector<ThreadRow> threadTable() {
     sorted[fileThreadKey(t->kernel, t->elements)] = ThreadRow{
         t->kernel, "<=2^" + std::to_string(t->elements),
         known(t->source) ? threadsName(t->threads) : "-", sources[static_cast<int>(t->source)],
-        t->best[0], t->best[1], t->runs[0].load(), t->runs[1].load()};
+        t->best[0], t->best[1], t->runs[0].load(), t->runs[1].load(), t->samples};
   }
   for (const auto& [key, f] : file_threads) {
     sorted.try_emplace(key, ThreadRow{f.kernel, "<=2^" + std::to_string(f.elements),
                                       threadsName(f.threads), "loaded", f.worker_us, f.team_us,
-                                      0, 0});
+                                      0, 0, f.samples});
   }
   for (auto& [k, r] : sorted) rows.push_back(std::move(r));
   return rows;
@@ -1067,6 +1158,8 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
       e->auto_variant = -1;
       e->own_runs = 0;
       e->library_runs = 0;
+      e->samples = 0;
+      e->confirm = false;
     }
     for (auto& [k, t] : thread_entries) {
       t->source = Source::kUnmeasured;
@@ -1077,6 +1170,8 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
       t->untimed = 0;
       t->runs[0] = 0;
       t->runs[1] = 0;
+      t->samples = 0;
+      t->confirm = false;
     }
     file_threads.clear();
     loaded = false;

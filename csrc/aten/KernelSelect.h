@@ -53,6 +53,12 @@
 //   read at first use and rewritten (under a lock file, through a temporary
 //   file and rename) by the host at most once a second while new entries
 //   come in, and at exit.  AXON_KERNEL_SELECT_CACHE=0: neither read nor written.
+// - Confirmed: each entry counts the processes that measured it
+//   ("measurements"; none written: as good as confirmed).  A close call (the
+//   runner-up within 1.5x of the winner, after handicaps) from fewer than 3
+//   is measured (or tried) again by the next process that uses it, which
+//   keeps each variant's minimum; meanwhile its launches run the file's
+//   choice (selection) or the trials (thread policy).
 // - Inspect: torch_axon._C._kernel_select_table(), _thread_policy_table(),
 //   python -m torch_axon.tune.
 #pragma once
@@ -254,6 +260,7 @@ struct Row {
   std::string op, dtype, shape, layout, choice, threads, source;
   std::array<double, kVariants> us;  // own/worker, own/team, library/worker, library/team
   int64_t own_runs, library_runs;
+  int samples;  // measurements behind `us` (processes that measured them)
 };
 std::vector<Row> table();
 
@@ -261,6 +268,7 @@ struct ThreadRow {
   std::string kernel, bytes, choice, source;
   double worker_us, team_us;
   int64_t worker_runs, team_runs;
+  int samples;
 };
 std::vector<ThreadRow> threadTable();
 

@@ -156,17 +156,17 @@ PYBIND11_MODULE(_C, m) {
     for (const kselect::Row& r : kselect::table()) {
       rows.append(py::make_tuple(r.op, r.dtype, r.shape, r.layout, r.choice, r.threads, r.source,
                                  r.us[0], r.us[1], r.us[2], r.us[3], r.own_runs,
-                                 r.library_runs));
+                                 r.library_runs, r.samples));
     }
     return rows;
   });
   // The thread policy: (kernel, bytes class, threads, source, worker us, team us,
-  // worker runs, team runs) per key.
+  // worker runs, team runs, measurements) per key.
   m.def("_thread_policy_table", [] {
     py::list rows;
     for (const kselect::ThreadRow& r : kselect::threadTable()) {
       rows.append(py::make_tuple(r.kernel, r.bytes, r.choice, r.source, r.worker_us,
-                                 r.team_us, r.worker_runs, r.team_runs));
+                                 r.team_us, r.worker_runs, r.team_runs, r.samples));
     }
     return rows;
   });

@@ -372,6 +372,65 @@ def test_nan_results(dtype):
         assert torch.equal(bits(torch.where(g.isnan(), 0, g)), bits(torch.where(r.isnan(), 0, r)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_random_ops_inside_chains_draw_the_same_numbers(dtype):
+    # Random ops between fusible ops (dropout, rand_like, normal_, bernoulli_) draw the
+    # numbers they draw op by op, in the same order, from the same seed.
+    def program(x):
+        torch.manual_seed(1234)
+        y = torch.nn.functional.dropout(x * 2.0 + 1.0, p=0.3, training=True)
+        z = (y + 1.0) * torch.rand_like(y)
+        n = torch.empty_like(z).normal_() * 0.5 + z
+        b = torch.empty_like(z).bernoulli_(0.25) * n - 1.0
+        return y, z, (b * 3.0).neg()
+
+    x = make((64, 96), dtype, seed=21)
+    got, stats = fused_vs_op_by_op(program, [x], expect_fused=False)
+    assert stats["ops_fused"] >= 2, stats
+    # The same numbers as a second op-by-op run, and not all the same (the seed took).
+    again, _ = run(program, [x.to(AXON)], fused=False)
+    assert_bitwise(got, again)
+    assert got[1].float().std() > 0
+
+
+# float32 bit patterns at the edges of rounding to 16 bits: ties to even (down and up),
+# carries into the next binade and to infinity, subnormals of all three formats, the
+# float16 overflow and subnormal boundaries, infinities and NaNs (with payloads).
+EDGE_BITS = [0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3F7FFFFF, 0x3F7F8000, 0x7F7FFFFF,
+             0x7F7F8000, 0x7F7F7FFF, 0x00000001, 0x00008000, 0x00018000, 0x007FFFFF,
+             0x00800000, 0x477FE000, 0x477FF000, 0x477FEFFF, 0x38000000, 0x33800000,
+             0x33000000, 0x33000001, 0x387FC000, 0x7F800000, 0x7FC00001, 0x7FA00000,
+             0x7F800001, 0x3F800000, 0x40490FDB]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_rounding_of_edge_values(dtype):
+    # The fused loops' float32 -> 16-bit conversions (16 lanes at a time, then a scalar
+    # tail: rows of 37) round every edge value as ATen's kernels do, in copies and in
+    # 16-bit binary ops reading 16-bit rows and float rows.
+    import numpy as np
+
+    pats = EDGE_BITS + [p | 0x80000000 for p in EDGE_BITS]
+    flat = torch.from_numpy(np.array(pats, dtype=np.uint32).view(np.float32).copy())
+    x = flat.repeat(8)[: 8 * 37].reshape(8, 37)
+    x[1::2] = x[1::2].roll(5, dims=1)  # the edge values in vector lanes and in the tail
+    w = torch.tensor([1.0, 2.0, -0.5, 3.0] * 10)[:37].to(dtype)
+
+    def program(x, w):
+        y = x.to(dtype)
+        return y, y * w, (x * 2.0).to(dtype), y * y, (y.float() * 0.75).to(dtype)
+
+    ref, _ = run(program, [x.to(AXON), w.to(AXON)], fused=False)
+    got, stats = run(program, [x.to(AXON), w.to(AXON)], fused=True)
+    assert stats["fused_kernels"] >= 1 and stats["ops_fused"] >= 5, stats
+    # Bitwise equal to op by op and to the CPU, NaN payloads aside (test_nan_results).
+    for g, r, c in zip(got, ref, program(x, w)):
+        for other in (r, c):
+            assert torch.equal(g.isnan(), other.isnan())
+            assert torch.equal(bits(torch.where(g.isnan(), 0, g)),
+                               bits(torch.where(other.isnan(), 0, other)))
+
+
 def test_integer_division_error_leaves_other_ops_intact():
     a = torch.arange(256 * 64, dtype=torch.int32).reshape(256, 64).to(AXON)
     ones = torch.ones(256, 64, dtype=torch.int32, device=AXON)

@@ -345,6 +345,53 @@ def test_auto_measures_once_persists_and_follows_a_table(monkeypatch, isolated):
     assert [e["choice"] for e in entries if e["dtype"] == "float32"] == ["own"]
 
 
+def test_close_calls_from_few_measurements_are_measured_again(monkeypatch, isolated):
+    """A table entry from fewer than 3 measurements whose runner-up is within 1.5x of the
+    winner (after handicaps) is measured again by the next process that uses it, keeping
+    each variant's minimum; confirmed or clear-cut entries are not."""
+    monkeypatch.setenv("AXON_KERNEL_SELECT_CACHE", "1")
+    torch.ops.axon._set_kernel_select("auto")
+    path = torch.ops.axon._kernel_select_path()
+    _linear_once()
+    torch.axon.synchronize()
+    torch.ops.axon._kernel_select_save()
+    with open(path) as f:
+        data = json.load(f)
+    [entry] = data["entries"]
+    assert entry["measurements"] == 1
+
+    def reload(**fields):
+        entry.update(fields)
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+        torch.ops.axon._kernel_select_reset()
+        for _ in range(2):
+            _linear_once()
+        torch.axon.synchronize()
+        [row] = [r for r in _C._kernel_select_table() if r[0] == "linear"]
+        return row
+
+    # times no real run beats: the merged minimum keeps them
+    close = dict(choice="own", threads="worker", own_worker_us=0.05, library_worker_us=0.052,
+                 own_team_us=1e6, library_team_us=1e6)
+    row = reload(measurements=1, **close)
+    assert row[6] == "measured" and row[13] == 2
+    assert row[7] == 0.05 and row[9] == 0.052 and row[8] < 1e6
+    assert (row[4], row[5]) == ("own", "worker")
+    row = reload(measurements=2, **close)
+    assert row[6] == "measured" and row[13] == 3
+    # three measurements, a clear winner, or no count (written by hand): as the file says
+    for fields in (dict(measurements=3, **close),
+                   dict(close, measurements=1, library_worker_us=50.0),
+                   dict(close, measurements=None)):
+        if fields["measurements"] is None:
+            del fields["measurements"]
+            entry.pop("measurements")
+        row = reload(**fields)
+        assert row[6] == "loaded" and row[7] == 0.05 and row[8] == 1e6
+        assert row[13] == fields.get("measurements", 3)
+
+
 def test_forced_modes_measure_only_what_they_allow(isolated):
     """own / library restrict the kernel, worker / team the threads; one variant left: no timing."""
     for kernel, threads in [("own", "worker"), ("library", "team"), ("own", "auto"),
@@ -400,7 +447,7 @@ def test_env_modes_and_bad_value_warns():
             "x = torch.randn(2, 32, device='axon'); w = torch.randn(16, 32, device='axon')\n"
             "torch.nn.functional.linear(x, w); torch.nn.functional.linear(x, w)\n"
             "torch.axon.synchronize()\n"
-            "print([r[11:] for r in torch_axon._C._kernel_select_table()])\n")
+            "print([r[11:13] for r in torch_axon._C._kernel_select_table()])\n")
     r = _python(code, AXON_KERNEL_SELECT="library")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[(0, 2)]"
