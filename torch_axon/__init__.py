@@ -30,6 +30,14 @@ def _autoload() -> None:
 
     torch._register_device_module("axon", device_module)
     sys.modules["torch.axon"] = device_module
+    # `import torch.axon.memory` (as `import torch.cuda.memory`) finds the loaded
+    # submodule instead of running its file again as a new module.
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(device_module.__path__):
+        sub = importlib.import_module(f"{device_module.__name__}.{info.name}")
+        sys.modules[f"torch.axon.{info.name}"] = sub
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
 

@@ -85,6 +85,22 @@ def test_promote_ops_widen(dtype):
         torch.dot(a.axon(), b.axon())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_binary_cross_entropy_is_refused_as_under_cuda(dtype):
+    # CUDA's autocast refuses F.binary_cross_entropy / BCELoss (unsafe in float16) and
+    # lets the with-logits form run in float32; outside autocast it runs as usual
+    p = make((4, 3), torch.float32, low=0.1, high=0.9, seed=3)
+    t = make((4, 3), torch.float32, low=0.0, high=1.0, seed=4)
+    with torch.autocast("axon", dtype=dtype):
+        with pytest.raises(RuntimeError, match="binary_cross_entropy and torch.nn.BCELoss are "
+                                               "unsafe to autocast"):
+            torch.nn.BCELoss()(p.axon(), t.axon())
+        got = F.binary_cross_entropy_with_logits(p.axon().to(dtype), t.axon())
+    assert got.dtype == torch.float32
+    assert_same(got, F.binary_cross_entropy_with_logits(p.to(dtype).float(), t), dtype=torch.float32)
+    assert_same(F.binary_cross_entropy(p.axon(), t.axon()), F.binary_cross_entropy(p, t))
+
+
 def test_autocast_state_and_disabling():
     assert not torch.is_autocast_enabled("axon")
     x = make((3, 3), torch.float32).axon()

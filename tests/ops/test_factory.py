@@ -64,6 +64,18 @@ def test_factories_like_preserve_device_and_layout():
         assert r.stride() == a.stride()  # preserve_format keeps the transposed layout
 
 
+@pytest.mark.parametrize("factory", [
+    lambda **kw: torch.empty(3, **kw), lambda **kw: torch.zeros(2, 3, **kw),
+    lambda **kw: torch.empty_strided((2, 3), (1, 2), **kw), lambda **kw: torch.ones(4, **kw),
+    lambda **kw: torch.full((2,), 1.5, **kw), lambda **kw: torch.arange(3.0, **kw)])
+def test_pin_memory_on_axon_is_an_error_as_on_cuda(factory):
+    # as CUDA's factories: device memory cannot be pinned
+    with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
+        factory(device="axon", pin_memory=True)
+    assert factory(device="axon", pin_memory=False).device.type == "axon"
+    assert factory(pin_memory=True).is_pinned()
+
+
 def test_efficient_zero_tensor():
     z = torch._efficientzerotensor(3, device="axon")
     assert_same(z + 1, torch._efficientzerotensor(3) + 1)

@@ -152,6 +152,51 @@ def test_device_context_manager():
     assert torch.axon.current_device() == 0
 
 
+def test_device_context_restores_a_device_set_inside_it():
+    # as torch.cuda.device: back to the previous device on exit, also when the block
+    # entered the device that was already current and then changed it
+    torch.axon.set_device(0)
+    with torch.axon.device(0):
+        torch.axon.set_device(3)
+    assert torch.axon.current_device() == 0
+    with torch.axon.device_of(torch.ones(1, device="axon:0")):
+        torch.axon.set_device(5)
+    assert torch.axon.current_device() == 0
+    with torch.axon.device(None):      # no device: nothing to restore
+        torch.axon.set_device(2)
+    assert torch.axon.current_device() == 2
+    torch.axon.set_device(0)
+
+
+@pytest.mark.parametrize("bad", [None, "axon", torch.device("axon")])
+def test_set_device_needs_an_index(bad):
+    # torch.cuda.set_device(None / "cuda") raises the same ValueError
+    with pytest.raises(ValueError, match="Expected a torch.device with a specified index"):
+        torch.axon.set_device(bad)
+    assert torch.axon.current_device() == 0
+
+
+def test_submodules_import_as_torch_cuda_submodules():
+    # `import torch.axon.memory` (as `import torch.cuda.memory`) is the loaded module, and
+    # importing a submodule leaves torch.axon.device the context manager
+    r = run_python("""
+        import sys, torch
+        import torch.axon.memory, torch.axon.random, torch.axon.graphs, torch.axon.streams
+        import torch.axon.device
+        from torch.axon.streams import Stream
+        from torch.axon.memory import MemPool
+        assert torch.axon.memory is sys.modules["torch_axon.axon.memory"]
+        assert torch.axon.random is sys.modules["torch_axon.axon.random"]
+        Stream(); MemPool()
+        torch.axon.memory._record_memory_history(None)
+        print(torch.axon.memory.get_per_process_memory_fraction())
+        with torch.axon.device(1):
+            print(torch.axon.current_device())
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1.0", "1"]
+
+
 def test_device_of():
     t = torch.ones(1, device="axon:3")
     with torch.axon.device_of(t):

@@ -156,6 +156,21 @@ def test_lists_are_disjoint_and_name_cuda_names():
     assert len(PRESENT) == len(set(PRESENT))
 
 
+@pytest.mark.parametrize("sub", ["memory", "random", "streams", "graphs"])
+def test_submodules_have_the_names_of_cudas(sub):
+    # torch.axon.memory.list_gpu_processes as torch.cuda.memory.list_gpu_processes: every
+    # name of torch.cuda.<sub>.__all__ is in torch.axon.<sub> unless listed as absent
+    import importlib
+
+    cuda = importlib.import_module(f"torch.cuda.{sub}")
+    ours = importlib.import_module(f"torch.axon.{sub}")
+    assert ours is getattr(torch.axon, sub)
+    absent = set(INTENTIONALLY_ABSENT) | set(NOT_YET)
+    missing = [n for n in getattr(cuda, "__all__", [n for n in dir(cuda) if n[0].isupper()])
+               if n not in absent and not hasattr(ours, RENAMED.get(n, n))]
+    assert not missing, f"torch.axon.{sub} lacks {missing}"
+
+
 @pytest.mark.parametrize("name", PRESENT)
 def test_present_names_match_cuda(name):
     assert _has(torch.axon, name), f"torch.axon.{name} is missing"

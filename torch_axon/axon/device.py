@@ -64,7 +64,8 @@ def _get_device_index(device: _DeviceLike, optional: bool = False) -> int:
         index = device
     if index is None:
         if not optional:
-            raise ValueError(f"Expected an axon device with a specified index, got: {device}")
+            raise ValueError("Expected a torch.device with a specified index or an integer, "
+                             f"but got:{device}")
         return current_device()
     if not isinstance(index, int):
         raise TypeError(f"Invalid device: {device!r}")
@@ -80,8 +81,9 @@ def current_device() -> int:
 
 
 def set_device(device: _DeviceLike) -> None:
-    """Set the calling thread's current axon device (negative: no-op)."""
-    index = _get_device_index(device, optional=True)
+    """Set the calling thread's current axon device (negative: no-op; as torch.cuda, a
+    device without an index or None is an error)."""
+    index = _get_device_index(device)
     if index >= 0:
         _C._set_device(index)
 
@@ -99,7 +101,9 @@ class device:
             _C._set_device(self.idx)
 
     def __exit__(self, *exc):
-        if self.idx >= 0 and self.idx != self.prev_idx:
+        # Always back to the previous device (as torch.cuda.device): the block may
+        # have called set_device itself.
+        if self.idx >= 0:
             _C._set_device(self.prev_idx)
         return False
 

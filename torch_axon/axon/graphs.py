@@ -21,11 +21,12 @@ import torch
 from .. import _C
 from .device import _get_device_index, synchronize
 from . import memory as _memory
-from .memory import empty_cache
+from .memory import empty_cache, graph_pool_handle  # noqa: F401  (as torch.cuda.graphs)
 from .streams import Stream
 from .streams import stream as _stream_context
 
-__all__ = ["AxonGraph", "graph", "make_graphed_callables", "is_current_stream_capturing"]
+__all__ = ["AxonGraph", "graph", "make_graphed_callables", "is_current_stream_capturing",
+           "graph_pool_handle"]
 
 _C._register_graph_impl()
 

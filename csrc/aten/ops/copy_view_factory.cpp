@@ -63,10 +63,12 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
                                std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout,
                                std::optional<c10::Device> device,
-                               std::optional<bool> /*pin_memory*/,
+                               std::optional<bool> pin_memory,
                                std::optional<c10::MemoryFormat> memory_format) {
   TORCH_CHECK(!layout.has_value() || *layout == c10::kStrided,
               "axon supports only strided tensors, got layout ", *layout);
+  // As CUDA's empty: only host memory can be pinned.
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
   c10::DeviceGuard guard(c10::Device(kAxon, target_index(device)));
   return at::detail::empty_generic(size, getCachingAllocator(), kAxonKeys,
                                    c10::dtype_or_default(dtype), memory_format);
@@ -76,9 +78,10 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout> layout,
                          std::optional<c10::Device> device,
-                         std::optional<bool> /*pin_memory*/) {
+                         std::optional<bool> pin_memory) {
   TORCH_CHECK(!layout.has_value() || *layout == c10::kStrided,
               "axon supports only strided tensors, got layout ", *layout);
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
   c10::DeviceGuard guard(c10::Device(kAxon, target_index(device)));
   return at::detail::empty_strided_generic(size, stride, getCachingAllocator(),
                                            kAxonKeys, c10::dtype_or_default(dtype));
