@@ -41,6 +41,24 @@ c10::intrusive_ptr<c10::ivalue::Future> tensorListFuture(std::vector<c10::Device
                                                   std::move(devices));
 }
 
+// On the communication stream, before the collective: when the work it
+// waited for (the producers of its inputs) failed and nobody reported that
+// yet, its inputs are garbage.  It must not send them: it fails here, and the
+// group's abort gives every other rank the same error instead of a result
+// computed from them.
+void refuseFailedInputs(comm::ShmGroup& shm, OpState& state, c10::Stream stream, int rank,
+                        const char* name) {
+  const std::string upstream = ::axon::rt::stream_pending_failure(to_rt(stream));
+  if (upstream.empty()) return;
+  const std::string message = std::string("axon process group: ") + name + " on rank " +
+                              std::to_string(rank) +
+                              " refused to run: the work that produced its inputs failed: " +
+                              upstream;
+  state.setError(message);
+  shm.abort(message);
+  throw std::runtime_error(message);
+}
+
 }  // namespace
 
 OpRunner::OpRunner(int rank, std::shared_ptr<comm::ShmGroup> shm,
@@ -88,7 +106,8 @@ c10::intrusive_ptr<c10d::Work> OpRunner::run(c10::DeviceIndex device, c10d::OpTy
   c10::Stream current = getCurrentAxonStream(device);
   c10::Stream comm_stream = commStream(device);
   if (op.may_run_inline && !op.p2p && ::axon::rt::stream_query(to_rt(current)) &&
-      ::axon::rt::stream_query(to_rt(comm_stream))) {
+      ::axon::rt::stream_query(to_rt(comm_stream)) &&
+      ::axon::rt::stream_pending_failure(to_rt(current)).empty()) {
     // Latency: a synchronous collective with nothing queued before it runs
     // here, on the calling thread, instead of waking the stream workers (3
     // thread switches per rank on few cores, ~150-200 us here).  Stream
@@ -117,14 +136,17 @@ c10::intrusive_ptr<c10d::Work> OpRunner::run(c10::DeviceIndex device, c10d::OpTy
   auto shm = shm_;
   auto timeout = timeout_;
   std::function<void()> task;
+  const int rank = rank_;
   if (op.p2p) {
     comm::P2POp p = op.p2p_op;
-    task = [shm, state, p, timeout, name] {
+    task = [shm, state, p, timeout, name, comm_stream, rank] {
+      refuseFailedInputs(*shm, *state, comm_stream, rank, name);
       runOp(*shm, *state, timeout, name, [&] { shm->send_recv_batch({p}); });
     };
   } else {
     auto body = std::move(op.body);
-    task = [shm, state, body, timeout, name] {
+    task = [shm, state, body, timeout, name, comm_stream, rank] {
+      refuseFailedInputs(*shm, *state, comm_stream, rank, name);
       runOp(*shm, *state, timeout, name, [&] { body(*shm); });
     };
   }

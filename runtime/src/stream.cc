@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "axon/runtime.h"
 #include "device.h"
 #include "graph.h"
@@ -91,5 +93,12 @@ bool stream_query(Stream s) {
 }
 
 uint64_t stream_launched(Stream s) { return stream_state(s).launched(); }
+
+std::string stream_pending_failure(Stream s) {
+  const FailureList failures = stream_state(s).pending_failures();
+  const auto first = std::min_element(failures.begin(), failures.end(),
+                                      [](const auto& a, const auto& b) { return a->order < b->order; });
+  return first == failures.end() ? std::string() : (*first)->message;
+}
 
 }  // namespace axon::rt

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -301,6 +302,52 @@ def test_rank_killed_mid_all_reduce():
         assert etype == "DistBackendError", (etype, err)
         assert f"rank {world - 1} (pid" in err and "exited" in err, err
         assert elapsed < 15, elapsed  # the timeout is 60 s
+
+
+def _failed_inputs(rank, world, n, async_op):
+    # Rank 0's input comes from a kernel that fails asynchronously (an index out of
+    # range): its collective must not send that garbage. Every rank gets an error
+    # naming the failure, instead of rank 1 getting a result made of it.
+    dist.init_process_group("axon", timeout=datetime.timedelta(seconds=30))
+    dev = torch.device("axon", rank)
+    x = torch.ones(n, device=dev)
+    good = torch.zeros(n, dtype=torch.long, device=dev)
+    bad = good.clone()
+    bad[0] = 10 ** 9
+    x[good]  # the first launch of a signature runs at the call: later ones are asynchronous
+    torch.axon.synchronize()
+    y = x[bad] if rank == 0 else x[good]
+    t0 = time.monotonic()
+    try:
+        work = dist.all_reduce(y, async_op=async_op)
+        if async_op:
+            work.wait()
+        torch.axon.synchronize()
+        out = ("no error", y.cpu().tolist()[:3])
+    except Exception as e:  # noqa: BLE001
+        out = (type(e).__name__, str(e))
+    # the group is unusable afterwards, on every rank, with the same reason
+    try:
+        dist.all_reduce(torch.ones(1, device=dev))
+        torch.axon.synchronize()
+        after = "no error"
+    except Exception as e:  # noqa: BLE001
+        after = str(e)
+    return out, after, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("n, async_op", [(4, False), (4, True), (1 << 20, False)])
+def test_collective_refuses_inputs_from_failed_work(n, async_op):
+    results = run_ranks(_failed_inputs, 2, n, async_op, timeout=120)
+    for rank in range(2):
+        (etype, err), after, elapsed = results[rank]
+        assert etype == "DistBackendError", (rank, etype, err)
+        assert "all_reduce on rank 0 refused to run: the work that produced its inputs " \
+               "failed" in err or "index 1000000000 is out of bounds" in err, (rank, err)
+        assert "refused to run" in after, (rank, after)
+        assert elapsed < 20, elapsed
+    # rank 1 learns why: rank 0's failed kernel
+    assert "rank 0 failed" in results[1][0][1] and "out of bounds" in results[1][0][1]
 
 
 def _stopped(rank, world):

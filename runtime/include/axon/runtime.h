@@ -304,6 +304,11 @@ void stream_synchronize(Stream s);  // throws the stream's pending AsyncError(s)
 // 2, ... in launch order; 0: none yet).  Lock-free.
 uint64_t stream_launched(Stream s);
 bool stream_query(Stream s);        // true when all enqueued work has run
+// The message of the earliest failure pending on s that no synchronising call
+// reported yet (its own tasks' or inherited through stream_wait_event), or ""
+// when none is.  Reports nothing.  From a task running on s: whether the work
+// it depends on failed (collectives refuse to send results of failed work).
+std::string stream_pending_failure(Stream s);
 void device_synchronize(int device);
 // Waits for all work on the device's streams without reporting failures
 // (allocators: freeing memory must not consume errors meant for the user).
