@@ -307,6 +307,34 @@ def test_rms_norm_with_dynamic_shapes():
         assert_same(cf(x.axon(), w.axon()), f(x, w), accum=True)
 
 
+@pytest.mark.parametrize("mask", ["none", "bool", "float", "causal"])
+@pytest.mark.parametrize("backend", ["inductor", "axon"])
+def test_attention_training_with_dynamic_shapes(mask, backend):
+    # SDPA's backend choice is traced with symbolic sizes (dynamic=True, or the second
+    # sequence length of a padded batch): forward and gradients as on the CPU
+    def f(q, k, v, m):
+        kw = {"is_causal": True} if mask == "causal" else {"attn_mask": m}
+        return F.scaled_dot_product_attention(q, k, v, **kw).square().sum()
+
+    cf = torch.compile(f, backend=backend, dynamic=True)
+    for n in (9, 13, 11):
+        q, k, v = (make((2, 4, n, 8), torch.float32, seed=n + i) for i in range(3))
+        m = None
+        if mask == "bool":
+            m = torch.ones(n, n, dtype=torch.bool).tril()
+        elif mask == "float":
+            m = make((n, n), torch.float32, seed=n + 7)
+        dev = [t.axon().requires_grad_() for t in (q, k, v)]
+        ref = [t.clone().requires_grad_() for t in (q, k, v)]
+        got = cf(*dev, None if m is None else m.axon())
+        want = f(*ref, m)
+        got.backward()
+        want.backward()
+        assert_same(got, want, accum=True)
+        for a, b in zip(dev, ref):
+            assert_same(a.grad, b.grad, accum=True)
+
+
 def test_batched_then_unbatched_convolution_with_bias():
     """A batched then an unbatched input (the second call compiles again, with
     dynamic sizes): the bias stays in the convolution call as on the CPU."""

@@ -55,11 +55,18 @@ int64_t fusedSdpChoice(const at::Tensor& q, const at::Tensor& k, const at::Tenso
       v.scalar_type() != q.scalar_type()) {
     return math;
   }
-  if (q.size(0) != k.size(0) || k.size(0) != v.size(0) || k.size(1) != v.size(1) ||
-      k.size(2) != v.size(2) || q.size(3) != k.size(3)) {
+  // Sizes as SymInts: torch.compile traces this choice with symbolic shapes
+  // (dynamic=True), where the tests below become guards.
+  const auto ne = [](const c10::SymInt& a, const c10::SymInt& b) {
+    return a.sym_ne(b).guard_bool(__FILE__, __LINE__);
+  };
+  if (ne(q.sym_size(0), k.sym_size(0)) || ne(k.sym_size(0), v.sym_size(0)) ||
+      ne(k.sym_size(1), v.sym_size(1)) || ne(k.sym_size(2), v.sym_size(2)) ||
+      ne(q.sym_size(3), k.sym_size(3))) {
     return math;  // the math path raises PyTorch's shape errors
   }
-  if (q.size(1) != k.size(1) && (!enable_gqa || k.size(1) == 0 || q.size(1) % k.size(1) != 0)) {
+  if (ne(q.sym_size(1), k.sym_size(1)) &&
+      (!enable_gqa || !ne(k.sym_size(1), 0) || ne(q.sym_size(1) % k.sym_size(1), 0))) {
     return math;
   }
   if (mask.has_value() && mask->defined()) {
@@ -67,7 +74,7 @@ int64_t fusedSdpChoice(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     if (mask->scalar_type() != at::kBool && !kernelDType(mask->scalar_type())) return math;
   }
   if (q.requires_grad() || k.requires_grad() || v.requires_grad()) {
-    if (q.numel() == 0 || k.numel() == 0) return math;
+    if (!ne(q.sym_numel(), 0) || !ne(k.sym_numel(), 0)) return math;
   }
   return static_cast<int64_t>(at::SDPBackend::overrideable);
 }
