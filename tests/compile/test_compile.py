@@ -335,6 +335,29 @@ def test_attention_training_with_dynamic_shapes(mask, backend):
             assert_same(a.grad, b.grad, accum=True)
 
 
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_convolution_training_in_channels_last(layout, transposed):
+    # The results of convolution and its backward have the layout the fake
+    # convolutions promise for axon tensors (contiguous), whatever the inputs'
+    fmt = getattr(torch, layout + "_format") if layout == "contiguous" else torch.channels_last
+    cls = nn.ConvTranspose2d if transposed else nn.Conv2d
+    torch.manual_seed(0)
+    ref = cls(3, 8, 3, padding=1)
+    mod = copy.deepcopy(ref).axon().to(memory_format=fmt)
+    cm = torch.compile(mod, backend="inductor")
+    x = make((2, 3, 8, 8), torch.float32, seed=5)
+    xd = x.axon().to(memory_format=fmt).requires_grad_()
+    xr = x.clone().requires_grad_()
+    got, want = cm(xd), ref(xr)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    assert_same(got, want, accum=True)
+    assert_same(xd.grad, xr.grad, accum=True)
+    for a, b in zip(mod.parameters(), ref.parameters()):
+        assert_same(a.grad, b.grad, accum=True)
+
+
 def test_batched_then_unbatched_convolution_with_bias():
     """A batched then an unbatched input (the second call compiles again, with
     dynamic sizes): the bias stays in the convolution call as on the CPU."""

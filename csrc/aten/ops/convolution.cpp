@@ -8,14 +8,36 @@
 //   fallback: max_unpool (its index checks stay synchronous).
 #include <torch/library.h>
 
+#include "../GenericKernel.h"
 #include "../Registry.h"
 
 namespace at::axon {
+namespace {
+
+// convolution_backward by the generic kernel, with grad_input and grad_weight
+// contiguous: the layout torch.compile's fake convolutions give axon tensors
+// (ATen's _conv_determine_backend_memory_format for the Overrideable backend,
+// as for the forward's result), which the Meta kernel alone does not (it
+// follows channels_last inputs).
+void convolution_backward_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  genericStreamKernel(op, stack);
+  const size_t first = stack->size() - 3;
+  for (size_t r : {first, first + 1}) {
+    c10::IValue& v = (*stack)[r];
+    if (v.isTensor() && v.toTensor().defined() && !v.toTensor().is_contiguous()) {
+      v = v.toTensor().contiguous();
+    }
+  }
+}
+
+}  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   OpRegistrar reg(m, "convolution");
+  reg.impl(Path::kGeneric, "convolution_backward",
+           torch::CppFunction::makeFromBoxedFunction<&convolution_backward_kernel>());
   reg.generic({
-      "convolution", "convolution_backward", "im2col", "col2im", "reflection_pad1d.out",
+      "convolution", "im2col", "col2im", "reflection_pad1d.out",
       "reflection_pad2d.out", "replication_pad1d.out", "replication_pad2d.out",
       "upsample_nearest2d.out", "upsample_bilinear2d.out",
       "upsample_nearest2d_backward.grad_input", "upsample_bilinear2d_backward.grad_input",
