@@ -788,7 +788,7 @@ AXON_INLINE void bf16BinaryAny(bool a16, bool b16, const void* a, const void* b,
 // Compiled for AVX-512, AVX2 and the baseline (picked at load time); this
 // file is built without floating-point contraction (an FMA would round once
 // where the op rounds twice).
-__attribute__((target_clones("avx512f", "avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void runOwn(Own op, const Ptr* in, const Ptr& out, int64_t rows, int64_t cols) {
   thread_local std::vector<float> bufs;
   if (bufs.size() < static_cast<size_t>(3 * cols)) bufs.resize(3 * cols);
