@@ -270,3 +270,40 @@ def test_every_patch_is_listed_in_upstream_md():
     missing = [f"{fn.__module__}.{fn.__name__}" for fn in patches
                if f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}" not in text]
     assert not missing, f"not in docs/UPSTREAM.md: {missing}"
+
+
+def _char_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = list("abcdefghijklmnopqrstuvwxyz .,!?0123456789")
+    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", *chars])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+
+
+@pytest.mark.parametrize("device, start, expect", [
+    (None, "axon", "axon:0"), (None, "cpu", "axon:0"), (1, "axon", "axon:1"),
+    (-1, "axon", "axon:0"), ("axon:2", "cpu", "axon:2"), ("cpu", "axon", "cpu")])
+def test_pipeline_default_device_is_axon(device, start, expect):
+    # as on a CUDA machine (device 0 of the accelerator, the model moved there); a model on
+    # axon no longer goes back to the CPU; generation matches the CPU's greedy tokens
+    from transformers import LlamaConfig, LlamaForCausalLM, pipeline
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, bos_token_id=1,
+                      eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(cfg).eval()
+    model = LlamaForCausalLM(cfg).eval()
+    model.load_state_dict(ref.state_dict())
+    model.to(start)
+    kw = {} if device is None else {"device": device}
+    pipe = pipeline("text-generation", model=model, tokenizer=_char_tokenizer(), **kw)
+    assert str(pipe.device) == expect and str(model.device) == expect
+    gen = dict(max_new_tokens=6, do_sample=False)
+    want = pipeline("text-generation", model=ref, tokenizer=_char_tokenizer(), device="cpu")
+    assert pipe("hello", **gen)[0]["generated_text"] == want("hello", **gen)[0]["generated_text"]

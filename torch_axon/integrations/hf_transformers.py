@@ -8,7 +8,7 @@ import os
 import torch
 
 from ._hooks import on_import
-from ._tools import axon_available
+from ._tools import axon_available, axon_is_the_accelerator
 
 
 @on_import("transformers.training_args")
@@ -203,3 +203,35 @@ def trainer_rng_state_axon(trainer_module) -> None:
 
     _save_rng_state._axon_patch = _load_rng_state._axon_patch = True
     cls._save_rng_state, cls._load_rng_state = _save_rng_state, _load_rng_state
+
+
+@on_import("transformers.pipelines.base")
+def pipeline_default_device(pipelines_base) -> None:
+    """Patch ``transformers.pipelines.base.Pipeline.__init__``.
+
+    Without ``device=`` (and without an Accelerate device map) a pipeline takes
+    "device 0" of the first of mlu, musa, cuda, npu, hpu, xpu, mps that is
+    available, else the CPU, and moves the model there: a model on axon went back
+    to the CPU, where on CUDA it stays on ``cuda:0``.  Where axon is the machine's
+    accelerator the wrapper turns that default, and an integer device (``device=1``),
+    into ``axon:<n>``, as upstream does for the devices it knows.
+    """
+    cls = pipelines_base.Pipeline
+    original = cls.__init__
+    if getattr(original, "_axon_patch", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, model, *args, **kwargs):
+        device = kwargs.get("device")
+        if len(args) < 7 and (isinstance(device, int) or device is None) \
+                and not isinstance(device, bool) \
+                and getattr(model, "hf_device_map", None) is None and axon_is_the_accelerator():
+            index = 0 if device is None else device
+            if index >= 0:
+                kwargs["device"] = torch.device("axon", index)
+        original(self, model, *args, **kwargs)
+
+    __init__._axon_patch = True
+    cls.__init__ = __init__
+
