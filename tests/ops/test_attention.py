@@ -382,3 +382,27 @@ def test_checkpoint_recomputes_the_same_attention_dropout(use_reentrant):
         results.append([y.detach().cpu()] + [t.grad.cpu() for t in (q, k, v)])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+@pytest.mark.parametrize("mode", ["eval_no_grad", "eval_grad", "train"])
+def test_transformer_encoder_with_padding_mask_matches_cpu(mask_dtype, mode):
+    # nn.TransformerEncoder's inference fast path packs a padded batch into a nested
+    # tensor on the CPU (zeros at padded positions); on axon the same results
+    import copy
+
+    torch.manual_seed(0)
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(
+        16, 4, 32, batch_first=True, dropout=0.0), 2)
+    enc.train(mode == "train")
+    x = make((3, 6, 16), torch.float32, seed=11)
+    kpm = torch.tensor([[False] * 6, [False] * 4 + [True] * 2, [False] * 1 + [True] * 5])
+    if mask_dtype != torch.bool:
+        kpm = torch.zeros(kpm.shape).masked_fill(kpm, float("-inf"))
+    dev = copy.deepcopy(enc).axon()
+    with torch.set_grad_enabled(mode != "eval_no_grad"):
+        want = enc(x, src_key_padding_mask=kpm)
+        got = dev(x.axon(), src_key_padding_mask=kpm.axon())
+    assert_same(got, want, accum=True)
+    if mode == "eval_no_grad":
+        assert (want[1, 4:] == 0).all() and (got.cpu()[1, 4:] == 0).all()
