@@ -83,6 +83,18 @@ void count(const c10::FunctionSchema& schema) {
       "Quantize on the CPU (tensor.cpu()); the fake_quantize_* ops work on axon.");
 }
 
+// Nor sparse tensors (no SparsePrivateUse1 / SparseCsrPrivateUse1 kernels):
+// ops on them stop at the fallback registered for those keys below, and ops
+// that would make one from dense axon tensors (to_sparse, ...) raise here
+// rather than return a CPU sparse tensor that cannot be moved.
+[[noreturn]] void sparse_unsupported(const std::string& op, c10::Layout layout) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, "Could not run '", op, "' on axon: it needs a sparse tensor (layout ", layout,
+      "), and axon has no sparse tensors (no SparsePrivateUse1 kernels). Keep sparse tensors "
+      "on the CPU, or use dense ones (to_dense(); nn.Embedding(..., sparse=False), the "
+      "default).");
+}
+
 bool is_scalar_type(const c10::TypePtr& type) {
   if (type->kind() == c10::TypeKind::ScalarTypeType) return true;
   if (auto opt = type->cast<c10::OptionalType>()) {
@@ -109,6 +121,7 @@ void check_no_quantized_dtype(const c10::FunctionSchema& schema,
 void check_no_quantized_result(const c10::FunctionSchema& schema, const c10::IValue& v) {
   auto check = [&](const at::Tensor& t) {
     if (t.defined() && t.is_quantized()) quantized_unsupported(schema, t.scalar_type());
+    if (t.defined() && t.layout() != c10::kStrided) sparse_unsupported(op_name(schema), t.layout());
   };
   if (v.isTensor()) {
     check(v.toTensor());
@@ -303,6 +316,22 @@ namespace {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&axonFallback>());
+}
+
+// Sparse axon tensors (sparse_coo_tensor(..., device="axon"), a CPU sparse
+// tensor's .to("axon"), nn.Embedding(sparse=True)'s gradient): PyTorch's
+// error for a missing kernel names the dispatch key; this one says what to do.
+void sparseFallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  sparse_unsupported(op_name(op.schema()), c10::kSparse);
+}
+void sparseCsrFallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  sparse_unsupported(op_name(op.schema()), c10::kSparseCsr);
+}
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparseFallback>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparseCsrFallback>());
 }
 
 }  // namespace
