@@ -200,3 +200,24 @@ def test_higher_order_ops_under_autocast_match_cpu(dtype):
             got = body((sign * x).to("axon"))
         assert got.dtype == want.dtype == dtype
         torch.testing.assert_close(got.cpu(), want, **tol(dtype, accum=True))
+
+
+def test_deprecated_torch_axon_amp_names_work_and_warn():
+    # code written against torch.cuda.amp: the same names under torch.axon.amp warn as
+    # CUDA's do and act as torch.amp's with device_type="axon"
+    import torch.axon.amp as amp
+
+    x = make((4, 8), torch.float32, seed=1).axon()
+    w = make((8, 8), torch.float32, seed=2).axon()
+    with pytest.warns(FutureWarning, match=r"torch.amp.autocast\('axon'"):
+        ctx = amp.autocast(dtype=torch.bfloat16)
+    with ctx:
+        assert torch.is_autocast_enabled("axon")
+        y = x @ w
+    assert y.dtype == torch.bfloat16 and not torch.is_autocast_enabled("axon")
+    with torch.autocast("axon", dtype=torch.bfloat16):
+        assert torch.equal((x @ w).cpu(), y.cpu())
+    with pytest.warns(FutureWarning, match=r"torch.amp.GradScaler\('axon'"):
+        scaler = amp.GradScaler(init_scale=4.0)
+    assert scaler._device == "axon" and scaler.get_scale() == 4.0
+    assert amp.amp_definitely_not_available() is False

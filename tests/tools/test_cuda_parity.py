@@ -48,6 +48,8 @@ PRESENT = [
     # tools
     "ipc_collect", "set_sync_debug_mode", "get_sync_debug_mode", "utilization",
     "is_tf32_supported", "has_half", "has_magma",
+    # the deprecated torch.cuda.amp (autocast, GradScaler, custom_fwd/bwd: warn, as CUDA's)
+    "amp",
 ]
 
 RENAMED = {"CUDAGraph": "AxonGraph"}
@@ -81,7 +83,6 @@ INTENTIONALLY_ABSENT = {
     "profiler": "cudaProfilerStart/Stop for nvprof/Nsight; use torch.profiler",
     "current_blas_handle": "the cuBLAS handle",
     "current_solver_handle": "the cuSOLVER handle",
-    "amp": "the deprecated torch.cuda.amp module; use torch.amp with device_type='axon'",
     "sparse": "legacy sparse CUDA tensor types",
     "ExternalStream": "wraps a cudaStream_t made by another library; axon streams have no "
                       "raw handle another library could make",
@@ -156,7 +157,7 @@ def test_lists_are_disjoint_and_name_cuda_names():
     assert len(PRESENT) == len(set(PRESENT))
 
 
-@pytest.mark.parametrize("sub", ["memory", "random", "streams", "graphs"])
+@pytest.mark.parametrize("sub", ["memory", "random", "streams", "graphs", "amp"])
 def test_submodules_have_the_names_of_cudas(sub):
     # torch.axon.memory.list_gpu_processes as torch.cuda.memory.list_gpu_processes: every
     # name of torch.cuda.<sub>.__all__ is in torch.axon.<sub> unless listed as absent
