@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from torch_axon.integrations import (_hooks, hf_accelerate, hf_accelerate_cli, hf_transformers,
-                                     safetensors_device, torch_dlpack)
+                                     safetensors_device, torch_data_parallel, torch_dlpack,
+                                     torch_transformer)
 
 accelerate_state = pytest.importorskip("accelerate.state")
 training_args = pytest.importorskip("transformers.training_args")
@@ -33,7 +34,9 @@ PATCHES = [hf_accelerate.partial_state_default_device, hf_transformers.training_
            hf_accelerate.accelerator_state_rng_axon, hf_accelerate_cli.default_config_axon,
            hf_accelerate_cli.launch_process_count, hf_accelerate_cli.env_reports_axon,
            hf_accelerate_cli.test_command_axon, safetensors_device.safe_open_axon_device,
-           torch_dlpack.tensor_dlpack_device]
+           torch_dlpack.tensor_dlpack_device, hf_transformers.pipeline_default_device,
+           torch_transformer.transformer_encoder_nested_fast_path,
+           torch_data_parallel.data_parallel_comm]
 
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate")
@@ -111,10 +114,11 @@ def test_training_args_after_use_cpu_run(tmp_path):
 
 
 def _unwrap(obj):
-    """The function behind a property, a cached_property or a plain function."""
-    for attr in ("fget", "func"):
-        if hasattr(obj, attr):
-            return getattr(obj, attr)
+    """The function behind a property, a cached_property or a plain function (or object)."""
+    if isinstance(obj, property):
+        return obj.fget
+    if isinstance(obj, functools.cached_property):
+        return obj.func
     return obj
 
 

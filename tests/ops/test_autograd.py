@@ -73,3 +73,25 @@ def test_gradients_accumulate_and_flow_through_views():
         tmp[:, 1].mul_(3)  # in-place on a view of a non-leaf
         tmp.sum().backward()
     assert_same(xa.grad, xc.grad)
+
+
+@pytest.mark.parametrize("devices", [None, [0, 1, 2], [2, 5]])
+def test_data_parallel_matches_one_module_on_the_cpu(devices):
+    # nn.DataParallel over axon's devices (scatter, replicate, parallel_apply, gather, and
+    # the reduction of the replicas' gradients): as the same module on the CPU
+    import copy
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
+    first = 0 if devices is None else devices[0]
+    dp = torch.nn.DataParallel(copy.deepcopy(ref).to(f"axon:{first}"), device_ids=devices)
+    x = make((10, 6), torch.float32, seed=3)
+    got = dp(x.to(f"axon:{first}"))
+    want = ref(x)
+    assert got.device == torch.device("axon", first)
+    assert_same(got, want, accum=True)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    for a, b in zip(dp.module.parameters(), ref.parameters()):
+        assert a.grad.device == torch.device("axon", first)
+        assert_same(a.grad, b.grad, accum=True)
