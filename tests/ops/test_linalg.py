@@ -301,3 +301,16 @@ ZERO_SIZE = {  # name: shapes of its inputs with no elements
 }
 
 test_stream_op_zero_size = stream_op_zero_size_test(STREAM_OPS, ZERO_SIZE)
+
+
+@pytest.mark.parametrize("other", ["cpu", "axon:1"])
+@pytest.mark.parametrize("which", ["A", "B"])
+def test_solve_with_tensors_on_two_devices_is_pytorchs_error(other, which):
+    # was an internal assert of ATen's structured wrapper ("structured kernels don't
+    # support multi-device outputs")
+    A = make((3, 3), torch.float32, seed=1) + 3 * torch.eye(3)
+    B = make((3, 2), torch.float32, seed=2)
+    A, B = (A.to(other), B.axon()) if which == "A" else (A.axon(), B.to(other))
+    for fn in (torch.linalg.solve, torch.linalg.solve_ex):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            fn(A, B)

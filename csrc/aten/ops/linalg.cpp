@@ -308,7 +308,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   reg.generic({
       "linalg_solve_triangular", "linalg_solve_triangular.out", "_cdist_forward",
       "_cdist_backward", "linalg_cross.out", "dot", "vdot", "trace", "addmv.out", "addbmm",
-      "addbmm.out", "_pdist_forward", "_pdist_backward"
+      "addbmm.out", "_pdist_forward", "_pdist_backward",
+      // linalg.solve: the functional form registered too (without it, ATen's
+      // structured wrapper met A and B on two devices with an internal assert)
+      "_linalg_solve_ex", "_linalg_solve_ex.result"
   });
 }
 
