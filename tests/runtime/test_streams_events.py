@@ -310,3 +310,14 @@ def test_blocking_waits_release_the_gil(wait):
         stop.set()
         th.join()
     assert n >= 10, f"the other thread ran only {n} times during a 300 ms wait"
+
+
+def test_a_stream_of_another_device_type_is_refused():
+    # as torch.cuda.stream / set_stream with a CPU stream: "Expected a cuda device"
+    cpu = torch.Stream("cpu")
+    with pytest.raises(ValueError, match="Expected an axon device, but got: cpu"):
+        with torch.axon.stream(cpu):
+            pass
+    with pytest.raises(ValueError, match="Expected an axon device, but got: cpu"):
+        torch.axon.set_stream(cpu)
+    assert torch.axon.current_stream() == torch.axon.default_stream()

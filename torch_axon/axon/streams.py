@@ -73,10 +73,16 @@ def default_stream(device=None) -> Stream:
     return Stream(stream_id=0, device_index=index, device_type=current_stream(index).device_type)
 
 
+def _check_axon_stream(stream: torch.Stream) -> None:
+    if stream.device.type != "axon":
+        raise ValueError(f"Expected an axon device, but got: {stream.device}")
+
+
 def set_stream(stream: torch.Stream) -> None:
     """Make `stream` the current stream of its device."""
     if stream is None:
         return
+    _check_axon_stream(stream)
     torch.accelerator.set_stream(stream)
 
 
@@ -84,6 +90,8 @@ class StreamContext:
     """Context manager that makes a stream current, on its device, for its scope."""
 
     def __init__(self, stream: torch.Stream | None):
+        if stream is not None:
+            _check_axon_stream(stream)
         self.stream = stream
         self.prev_stream = None
         self.prev_device = None
