@@ -102,11 +102,13 @@ def test_small_and_zero_size_kernels_have_no_trials(isolated):
     assert rows("aten::add.Tensor") == []
 
 
-def test_table_file_decides_and_persists(monkeypatch, isolated):
+def _neg_entry(monkeypatch, seed):
+    """Trials of aten::neg decided and saved: (x, table path, file data, neg's entry or
+    None without a team)."""
     monkeypatch.setenv("AXON_KERNEL_SELECT_CACHE", "1")
     torch.ops.axon._set_kernel_threads("auto")
     path = torch.ops.axon._kernel_select_path()
-    x = make((N,), torch.float32, seed=5).axon()
+    x = make((N,), torch.float32, seed=seed).axon()
     for _ in range(10):
         x.neg()
     torch.axon.synchronize()
@@ -116,8 +118,15 @@ def test_table_file_decides_and_persists(monkeypatch, isolated):
     entries = [t for t in data["threads"] if t["kernel"] == "aten::neg"]
     if not TEAM:  # no trials with one thread
         assert entries == []
-        return
+        return x, path, data, None
     [entry] = entries
+    return x, path, data, entry
+
+
+def test_table_file_decides_and_persists(monkeypatch, isolated):
+    x, path, data, entry = _neg_entry(monkeypatch, seed=5)
+    if entry is None:
+        return
     assert entry["bytes"] == "<=2^20" and entry["bytes_class"] == 20  # 2 x 2^17 floats
     # a file that says otherwise decides, with no trials
     for threads in ("team", "worker"):
@@ -138,21 +147,9 @@ _python = run_python
 def test_close_calls_from_few_measurements_are_tried_again(monkeypatch, isolated):
     """As for kernel selection (test_kernel_select.py): a close call from fewer than 3
     measurements is timed again by trials in the next process, keeping the minimum."""
-    monkeypatch.setenv("AXON_KERNEL_SELECT_CACHE", "1")
-    torch.ops.axon._set_kernel_threads("auto")
-    path = torch.ops.axon._kernel_select_path()
-    x = make((N,), torch.float32, seed=6).axon()
-    for _ in range(10):
-        x.neg()
-    torch.axon.synchronize()
-    torch.ops.axon._kernel_select_save()
-    with open(path) as f:
-        data = json.load(f)
-    entries = [t for t in data["threads"] if t["kernel"] == "aten::neg"]
-    if not TEAM:  # no trials with one thread
-        assert entries == []
+    x, path, data, entry = _neg_entry(monkeypatch, seed=6)
+    if entry is None:
         return
-    [entry] = entries
     assert entry["measurements"] == 1
     # ATen's kernels run on OpenMP's team, whose handicap is at least 2.5 ms: 3000 us on
     # the worker against 300 on the team is a close call, 1e6 against 300 is not.
