@@ -123,6 +123,17 @@ def _neg_entry(monkeypatch, seed):
     return x, path, data, entry
 
 
+def _rerun_with(path, data, x, launches):
+    """Writes data as the table file, forgets the tables, launches x.neg(); neg's row."""
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+    torch.ops.axon._kernel_select_reset()
+    for _ in range(launches):
+        x.neg()
+    [row] = rows("aten::neg")
+    return row
+
+
 def test_table_file_decides_and_persists(monkeypatch, isolated):
     x, path, data, entry = _neg_entry(monkeypatch, seed=5)
     if entry is None:
@@ -131,12 +142,7 @@ def test_table_file_decides_and_persists(monkeypatch, isolated):
     # a file that says otherwise decides, with no trials
     for threads in ("team", "worker"):
         entry["threads"] = threads
-        with open(path, "w") as f:
-            json.dump(data, f, indent=1)
-        torch.ops.axon._kernel_select_reset()
-        for _ in range(3):
-            x.neg()
-        [row] = rows("aten::neg")
+        row = _rerun_with(path, data, x, 3)
         assert row[2:4] == (threads, "loaded")
         assert (row[6], row[7]) == ((3, 0) if threads == "worker" else (0, 3))
 
@@ -159,12 +165,7 @@ def test_close_calls_from_few_measurements_are_tried_again(monkeypatch, isolated
                                                      (1, 1e6, "loaded", 1)):
         entry.update(threads="worker", worker_us=worker_us, team_us=300.0,
                      measurements=measurements)
-        with open(path, "w") as f:
-            json.dump(data, f, indent=1)
-        torch.ops.axon._kernel_select_reset()
-        for _ in range(10):
-            x.neg()
-        [row] = rows("aten::neg")
+        row = _rerun_with(path, data, x, 10)
         assert row[3] == source and row[8] == samples
         # merged with the file's times: no slower than them
         if source == "loaded":
