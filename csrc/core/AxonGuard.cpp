@@ -157,6 +157,13 @@ struct AxonGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                      const c10::DeviceIndex) const override {
     TORCH_CHECK(start != nullptr && end != nullptr,
                 "Both events must be recorded before calculating elapsed time.");
+    // As CUDA (cudaEventElapsedTime refuses events of two devices): the two
+    // devices' clocks are not one timeline a user should subtract.
+    const int start_device = rt_call([&] { return rt::event_device(as_event(start)); });
+    const int end_device = rt_call([&] { return rt::event_device(as_event(end)); });
+    TORCH_CHECK(start_device == end_device,
+                "Both events must be recorded on the same device to calculate elapsed time, "
+                "but they were recorded on axon:", start_device, " and axon:", end_device);
     return rt_call([&] { return rt::event_elapsed_ms(as_event(start), as_event(end)); });
   }
 };

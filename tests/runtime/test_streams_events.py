@@ -321,3 +321,18 @@ def test_a_stream_of_another_device_type_is_refused():
     with pytest.raises(ValueError, match="Expected an axon device, but got: cpu"):
         torch.axon.set_stream(cpu)
     assert torch.axon.current_stream() == torch.axon.default_stream()
+
+
+def test_elapsed_time_between_devices_is_an_error():
+    # as CUDA's (cudaEventElapsedTime refuses events of two devices)
+    a, b = torch.axon.Event(enable_timing=True), torch.axon.Event(enable_timing=True)
+    a.record(torch.axon.current_stream(0))
+    b.record(torch.axon.current_stream(1))
+    b.synchronize()
+    a.synchronize()
+    with pytest.raises(RuntimeError, match="recorded on the same device.*axon:0 and axon:1"):
+        a.elapsed_time(b)
+    c = torch.axon.Event(enable_timing=True)
+    c.record(torch.axon.current_stream(0))
+    c.synchronize()
+    assert a.elapsed_time(c) >= 0
