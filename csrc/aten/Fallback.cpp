@@ -89,10 +89,10 @@ void count(const c10::FunctionSchema& schema) {
 // rather than return a CPU sparse tensor that cannot be moved.
 [[noreturn]] void sparse_unsupported(const std::string& op, c10::Layout layout) {
   TORCH_CHECK_NOT_IMPLEMENTED(
-      false, "Could not run '", op, "' on axon: it needs a sparse tensor (layout ", layout,
-      "), and axon has no sparse tensors (no SparsePrivateUse1 kernels). Keep sparse tensors "
-      "on the CPU, or use dense ones (to_dense(); nn.Embedding(..., sparse=False), the "
-      "default).");
+      false, "Could not run '", op, "' on axon: it needs a tensor of layout ", layout,
+      ", and axon has only strided tensors (no sparse tensors: no SparsePrivateUse1 kernels). "
+      "Keep such tensors on the CPU, or use dense ones (to_dense(); nn.Embedding(..., "
+      "sparse=False), the default).");
 }
 
 bool is_scalar_type(const c10::TypePtr& type) {

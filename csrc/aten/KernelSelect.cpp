@@ -71,6 +71,8 @@ constexpr double kSaveIntervalS = 1.0;
 // close call for good.
 constexpr int kConfirmations = 3;
 constexpr double kCloseCall = 1.5;
+// Times at or above this are failures (infinity, written to the file as 1e300).
+constexpr double kFailedTime = 1e299;
 
 enum class Source : uint8_t { kPending, kMeasured, kLoaded, kUnmeasured };
 
@@ -452,7 +454,7 @@ const bool save_at_exit_registered = [] {
 bool closeCall(const std::array<double, kVariants>& us, Op op) {
   double first = std::numeric_limits<double>::infinity(), second = first;
   for (int v = 0; v < kVariants; ++v) {
-    if (us[v] < 0 || std::isinf(us[v])) continue;
+    if (us[v] < 0 || us[v] >= kFailedTime) continue;
     const double h = handicapped(v, us[v], op);
     if (h < first) {
       second = first;
@@ -464,7 +466,9 @@ bool closeCall(const std::array<double, kVariants>& us, Op op) {
   return std::isfinite(second) && second < first * kCloseCall;
 }
 bool closeCall(TeamKind team, double worker_us, double team_us) {
-  if (worker_us < 0 || team_us < 0 || std::isinf(worker_us) || std::isinf(team_us)) return false;
+  if (worker_us < 0 || team_us < 0 || worker_us >= kFailedTime || team_us >= kFailedTime) {
+    return false;
+  }
   const double a = worker_us, b = teamHandicapped(team, team_us);
   return std::max(a, b) < std::min(a, b) * kCloseCall;
 }
@@ -492,12 +496,14 @@ void mergePrior(Entry& e) {
     e.samples = std::max(e.samples, 1);
     return;
   }
+  // A failed run stays failed (the file writes infinity as 1e300).
+  const auto failed = [](double t) { return t >= kFailedTime; };
   for (int v = 0; v < kVariants; ++v) {
     const double p = e.prior[v];
     if (p < 0) continue;
     double& u = e.us[v];
-    u = u < 0 ? p : (std::isinf(p) || std::isinf(u)) ? std::numeric_limits<double>::infinity()
-                                                     : std::min(u, p);
+    u = u < 0 ? p : (failed(p) || failed(u)) ? std::numeric_limits<double>::infinity()
+                                             : std::min(u, p);
   }
   e.samples = e.prior_samples + 1;
   e.confirm = false;
@@ -587,16 +593,21 @@ void save() {
   }
   {
     std::lock_guard<std::mutex> g(table_mutex);
+    // Ours win, unless the file's entry rests on more measurements (another
+    // process confirmed it since we read it).
     for (const auto& [k, e] : entries) {
-      if (known(e->source) && e->auto_variant >= 0) {
-        all[k] = FileEntry{k, e->auto_variant, e->us, e->samples};
-      }
+      if (!known(e->source) || e->auto_variant < 0) continue;
+      auto it = all.find(k);
+      if (it != all.end() && it->second.samples > e->samples) continue;
+      all[k] = FileEntry{k, e->auto_variant, e->us, e->samples};
     }
     for (const auto& [k, t] : thread_entries) {
-      if (known(t->source)) {
-        all_threads[fileThreadKey(t->kernel, t->elements)] =
-            FileThreadEntry{t->kernel, t->elements, t->threads, t->best[0], t->best[1], t->samples};
-      }
+      if (!known(t->source)) continue;
+      const std::string key = fileThreadKey(t->kernel, t->elements);
+      auto it = all_threads.find(key);
+      if (it != all_threads.end() && it->second.samples > t->samples) continue;
+      all_threads[key] =
+          FileThreadEntry{t->kernel, t->elements, t->threads, t->best[0], t->best[1], t->samples};
     }
     last_save = std::chrono::steady_clock::now();
   }
@@ -1003,7 +1014,12 @@ void ThreadEntry::record(int threads, double us) {
     best[side] = best[side] < 0 ? us : std::min(best[side], us);  // a failed run: 1e300
     if (timed[0] <= kTrialRuns || timed[1] <= kTrialRuns) return;
   }
-  if (confirm) {
+  if (confirm && timed[0] + timed[1] == 0) {
+    // Decided without a timed run (it always ran at the call): no measurement
+    // to add; the file's count stays.
+    samples = prior_samples;
+    confirm = false;
+  } else if (confirm) {
     for (int k = 0; k < 2; ++k) {
       if (prior[k] >= 0) best[k] = best[k] < 0 ? prior[k] : std::min(best[k], prior[k]);
     }

@@ -42,13 +42,16 @@ c10::intrusive_ptr<c10::ivalue::Future> tensorListFuture(std::vector<c10::Device
 }
 
 // On the communication stream, before the collective: when the work it
-// waited for (the producers of its inputs) failed and nobody reported that
-// yet, its inputs are garbage.  It must not send them: it fails here, and the
-// group's abort gives every other rank the same error instead of a result
-// computed from them.
-void refuseFailedInputs(comm::ShmGroup& shm, OpState& state, c10::Stream stream, int rank,
+// waited for (the caller's stream up to `ready`: the producers of its inputs)
+// failed and nobody reported that yet, its inputs are garbage.  It must not
+// send them: it fails here, and the group's abort gives every other rank the
+// same error instead of a result computed from them.  (Only what `ready`
+// carries: a failure of other work on the communication stream, which groups
+// may share, is not this collective's.)
+void refuseFailedInputs(comm::ShmGroup& shm, OpState& state, const c10::Event& ready, int rank,
                         const char* name) {
-  const std::string upstream = ::axon::rt::stream_pending_failure(to_rt(stream));
+  const std::string upstream = ::axon::rt::event_pending_failure(
+      static_cast<::axon::rt::Event*>(ready.eventId()));
   if (upstream.empty()) return;
   const std::string message = std::string("axon process group: ") + name + " on rank " +
                               std::to_string(rank) +
@@ -125,9 +128,9 @@ c10::intrusive_ptr<c10d::Work> OpRunner::run(c10::DeviceIndex device, c10d::OpTy
                                          future, std::move(outputs), true);
   }
   // The collective runs after the work that produced its inputs.
-  c10::Event ready(kAxon);
-  ready.record(current);
-  ready.block(comm_stream);
+  auto ready = std::make_shared<c10::Event>(kAxon);
+  ready->record(current);
+  ready->block(comm_stream);
   // Memory freed by the caller meanwhile is not reused before the collective ran.
   for (const auto& t : tensors) {
     if (t.numel() > 0) getCachingAllocator()->recordStream(t.storage().data_ptr(), comm_stream);
@@ -139,14 +142,15 @@ c10::intrusive_ptr<c10d::Work> OpRunner::run(c10::DeviceIndex device, c10d::OpTy
   const int rank = rank_;
   if (op.p2p) {
     comm::P2POp p = op.p2p_op;
-    task = [shm, state, p, timeout, name, comm_stream, rank] {
-      refuseFailedInputs(*shm, *state, comm_stream, rank, name);
+    task = [shm, state, p, timeout, name, ready, rank] {
+      // A receive only writes its buffer: what failed before it is not sent.
+      if (p.send) refuseFailedInputs(*shm, *state, *ready, rank, name);
       runOp(*shm, *state, timeout, name, [&] { shm->send_recv_batch({p}); });
     };
   } else {
     auto body = std::move(op.body);
-    task = [shm, state, body, timeout, name, comm_stream, rank] {
-      refuseFailedInputs(*shm, *state, comm_stream, rank, name);
+    task = [shm, state, body, timeout, name, ready, rank] {
+      refuseFailedInputs(*shm, *state, *ready, rank, name);
       runOp(*shm, *state, timeout, name, [&] { body(*shm); });
     };
   }

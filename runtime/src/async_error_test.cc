@@ -66,21 +66,26 @@ TEST(AsyncErrors, TasksSeeTheFailuresTheyDependOn) {
   const Stream s = stream_from_pool(3, 0);
   const Stream t = stream_from_pool(3, 0);
   ScopedEvent ev(3);
-  std::string seen_before, seen_after, seen_on_s;
+  std::string seen_before, seen_after, seen_on_s, seen_event;
   launch(t, "before", [&] { seen_before = stream_pending_failure(t); });
   fail(s, "first", "index out of range");
   fail(s, "second", "later failure");
   launch(s, "on_s", [&] { seen_on_s = stream_pending_failure(s); });
   event_record(ev.e, s);
   stream_wait_event(t, ev.e);
-  launch(t, "after", [&] { seen_after = stream_pending_failure(t); });
+  launch(t, "after", [&] {
+    seen_after = stream_pending_failure(t);
+    seen_event = event_pending_failure(ev.e);  // the event carries the same failure
+  });
   EXPECT_NE(async_error_of([&] { stream_synchronize(t); }), "");
   EXPECT_EQ(seen_before, "");
   EXPECT_TRUE(contains(seen_after, "'first'") && contains(seen_after, "index out of range"))
       << seen_after;
   EXPECT_TRUE(contains(seen_on_s, "index out of range")) << seen_on_s;
+  EXPECT_TRUE(contains(seen_event, "index out of range")) << seen_event;
   // Reported on t: no longer pending anywhere it travelled; s reports its own once.
   EXPECT_EQ(stream_pending_failure(t), "");
+  EXPECT_EQ(event_pending_failure(ev.e), "");
   EXPECT_NE(async_error_of([&] { stream_synchronize(s); }), "");
   EXPECT_EQ(stream_pending_failure(s), "");
 }

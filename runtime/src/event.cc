@@ -159,6 +159,18 @@ void event_synchronize(Event* e) {
   throw_failures(std::move(failures), rec->stream->describe());
 }
 
+std::string event_pending_failure(Event* e) {
+  auto rec = checked(e).latest();
+  // complete() reads the stream's progress under its mutex: the marker's
+  // failures are written before it completes.
+  if (!rec || rec->capture || !rec->complete()) return "";
+  const AsyncFailure* first = nullptr;
+  for (const auto& f : rec->failures) {
+    if (!f->reported.load() && (first == nullptr || f->order < first->order)) first = f.get();
+  }
+  return first == nullptr ? std::string() : first->message;
+}
+
 void event_wait(Event* e) {
   auto rec = checked(e).latest();
   if (rec && !rec->capture) rec->stream->wait(rec->seq);

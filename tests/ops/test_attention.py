@@ -385,24 +385,33 @@ def test_checkpoint_recomputes_the_same_attention_dropout(use_reentrant):
 
 
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
-@pytest.mark.parametrize("mode", ["eval_no_grad", "eval_grad", "train"])
-def test_transformer_encoder_with_padding_mask_matches_cpu(mask_dtype, mode):
+@pytest.mark.parametrize("case", ["eval_no_grad", "eval_grad", "train", "final_norm", "src_mask",
+                                  "left_padded"])
+def test_transformer_encoder_with_padding_mask_matches_cpu(mask_dtype, case):
     # nn.TransformerEncoder's inference fast path packs a padded batch into a nested
-    # tensor on the CPU (zeros at padded positions); on axon the same results
+    # tensor on the CPU (zeros at padded positions, before the final norm); on axon the
+    # same results, in the cases upstream takes that path and in those it does not
     import copy
 
     torch.manual_seed(0)
+    norm = None
+    if case == "final_norm":
+        norm = torch.nn.LayerNorm(16)
+        torch.nn.init.normal_(norm.bias)
     enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(
-        16, 4, 32, batch_first=True, dropout=0.0), 2)
-    enc.train(mode == "train")
+        16, 4, 32, batch_first=True, dropout=0.0), 2, norm=norm)
+    enc.train(case == "train")
     x = make((3, 6, 16), torch.float32, seed=11)
     kpm = torch.tensor([[False] * 6, [False] * 4 + [True] * 2, [False] * 1 + [True] * 5])
+    if case == "left_padded":
+        kpm = kpm.flip(1)
     if mask_dtype != torch.bool:
         kpm = torch.zeros(kpm.shape).masked_fill(kpm, float("-inf"))
+    src_mask = torch.nn.Transformer.generate_square_subsequent_mask(6) if case == "src_mask" \
+        else None
     dev = copy.deepcopy(enc).axon()
-    with torch.set_grad_enabled(mode != "eval_no_grad"):
-        want = enc(x, src_key_padding_mask=kpm)
-        got = dev(x.axon(), src_key_padding_mask=kpm.axon())
+
+    with torch.set_grad_enabled(case in ("eval_grad", "train")):
+        want = enc(x, src_mask, kpm)
+        got = dev(x.axon(), None if src_mask is None else src_mask.axon(), kpm.axon())
     assert_same(got, want, accum=True)
-    if mode == "eval_no_grad":
-        assert (want[1, 4:] == 0).all() and (got.cpu()[1, 4:] == 0).all()

@@ -95,3 +95,30 @@ def test_data_parallel_matches_one_module_on_the_cpu(devices):
     for a, b in zip(dp.module.parameters(), ref.parameters()):
         assert a.grad.device == torch.device("axon", first)
         assert_same(a.grad, b.grad, accum=True)
+
+
+@pytest.mark.parametrize("destination", ["cpu", -1, 1])
+@pytest.mark.parametrize("out", [False, True])
+def test_data_parallel_gather_to_host_and_devices(destination, out):
+    # comm.gather of results on several devices into host memory (or another device):
+    # the data is there when it returns (also into a pinned out=)
+    import warnings
+
+    from torch.nn.parallel import comm
+
+    parts = [make((3, 5), torch.float32, seed=i) for i in range(4)]
+    dev = [p.to(f"axon:{i}") * 2 for i, p in enumerate(parts)]
+    want = torch.cat([p * 2 for p in parts])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # -1 for the CPU is deprecated
+        if out:
+            target = "cpu" if destination in ("cpu", -1) else f"axon:{destination}"
+            o = torch.empty(12, 5, device=target, pin_memory=target == "cpu")
+            got = comm.gather(dev, 0, out=o)
+            assert got is o
+        else:
+            got = comm.gather(dev, 0, destination=destination)
+    assert got.device == (torch.device("cpu") if destination in ("cpu", -1)
+                          else torch.device("axon", destination))
+    assert torch.equal(got.cpu(), want)
+

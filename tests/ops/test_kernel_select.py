@@ -376,7 +376,9 @@ def test_close_calls_from_few_measurements_are_measured_again(monkeypatch, isola
                  own_team_us=1e6, library_team_us=1e6)
     row = reload(measurements=1, **close)
     assert row[6] == "measured" and row[13] == 2
-    assert row[7] == 0.05 and row[9] == 0.052 and row[8] < 1e6
+    assert row[7] == 0.05 and row[9] == 0.052
+    if torch.get_num_threads() > 1:  # the team's variants measured too (else the file's)
+        assert row[8] < 1e6
     assert (row[4], row[5]) == ("own", "worker")
     row = reload(measurements=2, **close)
     assert row[6] == "measured" and row[13] == 3

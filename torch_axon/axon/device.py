@@ -92,7 +92,8 @@ class device:
     """Context manager that changes the current axon device."""
 
     def __init__(self, device: _DeviceLike):
-        self.idx = -1 if device is None else _get_device_index(device, optional=True)
+        # None: the current device (as torch.cuda.device), restored on exit.
+        self.idx = _get_device_index(device, optional=True)
         self.prev_idx = -1
 
     def __enter__(self):

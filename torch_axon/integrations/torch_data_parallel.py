@@ -66,14 +66,16 @@ def _scatter_out(tensor, out, dim, streams):
 
 
 def _gather(tensors, dim, destination):
+    # Into host memory the copies block (a non-blocking one would return before the
+    # data is there), as CUDA's gather does.
     dest = torch.device("cpu") if destination == -1 else _axon(destination)
-    return torch.cat([t.to(dest, non_blocking=True) for t in tensors], dim)
+    return torch.cat([t.to(dest, non_blocking=dest.type == "axon") for t in tensors], dim)
 
 
 def _gather_out(tensors, out, dim):
     offset = 0
     for t in tensors:
-        out.narrow(dim, offset, t.size(dim)).copy_(t, non_blocking=True)
+        out.narrow(dim, offset, t.size(dim)).copy_(t, non_blocking=out.device.type == "axon")
         offset += t.size(dim)
     return out
 

@@ -331,6 +331,12 @@ bool event_query(Event* e);
 // stream it waited for) failed and no synchronising call raised it yet.
 // Those failures then count as reported on the recording stream too.
 void event_synchronize(Event* e);
+// The message of the earliest failure e's last record carries (work before
+// it on its stream, or on streams that stream waited for) that no
+// synchronising call reported yet; "" when none does or the record has not
+// completed.  Reports nothing.  A task that waited for e: whether the work it
+// depends on failed (collectives refuse to send results of failed work).
+std::string event_pending_failure(Event* e);
 // Waits for e without reporting failures (allocators, teardown: they must
 // not consume errors meant for the user).
 void event_wait(Event* e);
