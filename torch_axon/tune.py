@@ -21,9 +21,9 @@ a few elementwise kernels for the thread policy), in float32, bfloat16 and float
 AXON_KERNEL_SELECT=own|library|auto (default auto) forces a kernel,
 AXON_KERNEL_THREADS=worker|team|auto (default auto) the threads;
 AXON_KERNEL_SELECT_CACHE=0 keeps the tables in memory only.  A close call (the
-runner-up within 1.5x) measured by fewer than 3 processes is measured again by the next
-one, which keeps each side's minimum ("measured runs"): a busy machine's one slow
-measurement does not decide it for good.
+runner-up within 1.5x) with fewer than 3 recorded measurements is measured again by the
+next process, which keeps each side's minimum ("measured runs"): a busy machine's one
+slow measurement does not decide it for good.
 """
 
 from __future__ import annotations

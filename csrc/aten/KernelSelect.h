@@ -53,9 +53,10 @@
 //   read at first use and rewritten (under a lock file, through a temporary
 //   file and rename) by the host at most once a second while new entries
 //   come in, and at exit.  AXON_KERNEL_SELECT_CACHE=0: neither read nor written.
-// - Confirmed: each entry counts the processes that measured it
-//   ("measurements"; none written: as good as confirmed).  A close call (the
-//   runner-up within 1.5x of the winner, after handicaps) from fewer than 3
+// - Confirmed: each entry counts the measurements behind it (one per process
+//   that measured it; "measurements", none written: as good as confirmed;
+//   a save keeps the file's entry when it has more).  A close call (the
+//   runner-up within 1.5x of the winner, after handicaps) with fewer than 3
 //   is measured (or tried) again by the next process that uses it, which
 //   keeps each variant's minimum; meanwhile its launches run the file's
 //   choice (selection) or the trials (thread policy).
