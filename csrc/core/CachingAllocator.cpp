@@ -301,6 +301,13 @@ class DeviceCache {
     release_cached();
   }
 
+  // Whether the last refused allocation was refused by the host (device
+  // memory is host memory: every device's cache holds some of it).
+  bool host_refused() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return !host_oom_.empty();
+  }
+
   // ---- private pools
 
   void begin_allocate_to_pool(c10::MempoolId_t id, std::function<bool(c10::StreamId)> filter) {
@@ -900,6 +907,14 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
       // Kernels that have run may still hold the last references to memory.
       rt_call([&] { rt::device_wait(device); });  // errors stay pending for the user
       releaseFinishedWork();
+      if (cache(device).host_refused()) {
+        // The host is full, not the device: the other devices' caches give
+        // their free segments back too (no cache lock is held here).
+        for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+          if (d == device) continue;
+          if (auto* c = existing(d)) rt_call([&] { c->empty_cache(); });
+        }
+      }
       block = cache(device).malloc(nbytes, stream, h, context, /*last_try=*/true);
     }
     // The context is the block: freeing it needs no lookup.

@@ -169,6 +169,26 @@ def test_devices_together_never_exceed_the_host_limit():
     assert out["after_free"] == 3 * 40
 
 
+def test_freed_memory_of_one_device_serves_another_when_the_host_is_full():
+    # Device memory is host memory: a block freed on axon:0 (kept in axon:0's cache)
+    # serves axon:1 once the host is full, without torch.axon.empty_cache(); data intact
+    r = run_python("""
+        import torch
+        MiB = 1 << 20
+        keep = torch.full((8 * MiB,), 7, dtype=torch.uint8, device="axon:0")
+        a = torch.empty(40 * MiB, dtype=torch.uint8, device="axon:0")
+        del a
+        assert torch.axon.memory_reserved(0) >= 48 * MiB  # cached, not returned
+        b = torch.full((40 * MiB,), 3, dtype=torch.uint8, device="axon:1")
+        print(int(b[::MiB].sum()), int(keep[::MiB].sum()), torch.axon.memory_reserved(0) // MiB)
+    """, env={"AXON_NUM_DEVICES": "2", "AXON_DEVICE_MEMORY": "64MiB",
+              "AXON_HOST_MEMORY": "64MiB"})
+    assert r.returncode == 0, r.stderr
+    total_b, total_keep, reserved_0 = map(int, r.stdout.split())
+    assert (total_b, total_keep) == (3 * 40, 7 * 8)
+    assert reserved_0 < 40  # axon:0 gave its free segment back; the live tensor stays
+
+
 def test_host_refusing_memory_raises_out_of_memory_error():
     # The address-space limit makes mmap fail as a host without memory would.
     r = run_python("""
