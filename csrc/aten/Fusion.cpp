@@ -767,8 +767,8 @@ AXON_INLINE void bf16Binary(const void* a, const void* b, uint16_t* q, int64_t n
     floatToBf16x16(z, q + c);
   }
   for (; c < n; ++c) {
-    const float x = A16 ? bf16ToFloat(static_cast<const uint16_t*>(a)[c]) : static_cast<const float*>(a)[c];
-    const float y = B16 ? bf16ToFloat(static_cast<const uint16_t*>(b)[c]) : static_cast<const float*>(b)[c];
+    const float x = A16 ? bf16ToFloat(a16[c]) : a32[c];
+    const float y = B16 ? bf16ToFloat(b16[c]) : b32[c];
     float z;
     f(z, x, y);
     q[c] = floatToBf16(z);

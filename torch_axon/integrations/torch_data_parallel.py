@@ -11,12 +11,6 @@ from ._hooks import on_import
 from ._tools import axon_is_the_accelerator
 
 
-def _index(d) -> int:
-    from torch._utils import _get_device_index
-
-    return _get_device_index(d, optional=True)
-
-
 def _axon(index: int) -> torch.device:
     return torch.device("axon", index)
 
