@@ -100,64 +100,73 @@ uint64_t splitmix64(uint64_t x) {
 }  // namespace
 
 namespace {
-// Captures that registered a GraphRng, by (device, capturing stream).
+// The GraphRng of each capture, by the runtime's capture id (shared by the
+// stream the capture began on and the streams that joined it).
 std::atomic<int> capture_rngs{0};
 std::mutex capture_rng_mu;
-std::unordered_map<int64_t, std::shared_ptr<GraphRng>>& captureRngMap() {
-  static auto* m = new std::unordered_map<int64_t, std::shared_ptr<GraphRng>>();
+std::unordered_map<uint64_t, std::shared_ptr<GraphRng>>& captureRngMap() {
+  static auto* m = new std::unordered_map<uint64_t, std::shared_ptr<GraphRng>>();
   return *m;
 }
-int64_t rngKey(c10::DeviceIndex device, c10::StreamId stream) {
-  return static_cast<int64_t>(device) * 4096 + stream;
-}
 
-// The capture the current stream of `device` records into, if it registered
-// one.  A stream that joined a capture (fork) uses the device's capture when
-// there is just one.
+// The capture the current stream of `device` records into, if any.
 std::shared_ptr<GraphRng> currentCaptureRng(c10::DeviceIndex device) {
   if (capture_rngs.load(std::memory_order_acquire) == 0) return nullptr;
   const rt::Stream s = current_rt_stream(device);
-  if (!rt_call([&] { return rt::stream_is_capturing(s); })) return nullptr;
+  const uint64_t id = rt_call([&] { return rt::stream_capture_id(s); });
+  if (id == 0) return nullptr;
   std::lock_guard<std::mutex> lock(capture_rng_mu);
   auto& m = captureRngMap();
-  auto it = m.find(rngKey(device, s.id));
-  if (it != m.end()) return it->second;
-  std::shared_ptr<GraphRng> only;
-  for (auto& [key, rng] : m) {
-    if (key / 4096 != device) continue;
-    if (only != nullptr) return nullptr;
-    only = rng;
-  }
-  return only;
+  auto it = m.find(id);
+  TORCH_CHECK(it != m.end(), "axon:", static_cast<int>(device),
+              ": a random op on a stream that captures a graph without a generator state "
+              "(internal error)");
+  return it->second;
 }
 }  // namespace
 
-void setCaptureRng(c10::DeviceIndex device, c10::StreamId stream, std::shared_ptr<GraphRng> rng) {
+void setCaptureRng(uint64_t capture_id, std::shared_ptr<GraphRng> rng) {
   std::lock_guard<std::mutex> lock(capture_rng_mu);
   auto& m = captureRngMap();
   if (rng != nullptr) {
-    if (m.emplace(rngKey(device, stream), std::move(rng)).second) capture_rngs.fetch_add(1);
-  } else if (m.erase(rngKey(device, stream)) != 0) {
+    if (m.emplace(capture_id, std::move(rng)).second) capture_rngs.fetch_add(1);
+  } else if (m.erase(capture_id) != 0) {
     capture_rngs.fetch_sub(1);
   }
 }
 
-void checkRawRngNotCaptured(c10::DeviceIndex device, const char* op) {
-  if (capture_rngs.load(std::memory_order_acquire) == 0) return;
-  const rt::Stream s = current_rt_stream(device);
-  TORCH_CHECK(!rt_call([&] { return rt::stream_is_capturing(s); }), op,
-              " with dropout cannot be captured in an axon graph yet (its random numbers "
-              "would repeat at every replay); capture it with dropout_p=0, or run it eagerly");
+RawRng reserveRawRng(c10::DeviceIndex device, at::Generator gen, uint64_t increment) {
+  TORCH_CHECK(gen.device().type() == kAxon,
+              "Expected a 'axon' device type for generator but found '", gen.device().type(),
+              "'");
+  RawRng r;
+  if (auto rng = currentCaptureRng(device)) {
+    r.slot = rng->rawSlot(gen, increment);
+    return r;
+  }
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  std::tie(r.seed, r.offset) = gen.get<AxonGeneratorImpl>()->reserve(increment);
+  return r;
+}
+
+void GraphRng::add(Entry e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  e.relative = 0;
+  for (const Entry& prev : entries_)
+    if (prev.axon == e.axon) e.relative += prev.increment;
+  entries_.push_back(std::move(e));
 }
 
 at::Generator GraphRng::cpuGenerator(const at::Generator& axon_gen) {
-  std::lock_guard<std::mutex> lock(mu_);
-  uint64_t relative = 0;
-  for (const Entry& e : entries_)
-    if (e.axon == axon_gen) ++relative;
   at::Generator cpu = at::make_generator<at::CPUGeneratorImpl>(0);
-  entries_.push_back(Entry{axon_gen, cpu, relative});
+  add(Entry{axon_gen, cpu, nullptr, 0, 1});
   return cpu;
+}
+
+std::shared_ptr<RawRngSlot> GraphRng::rawSlot(const at::Generator& axon_gen, uint64_t increment) {
+  auto slot = std::make_shared<RawRngSlot>();
+  add(Entry{axon_gen, at::Generator(), slot, 0, increment});
+  return slot;
 }
 
 bool GraphRng::empty() {
@@ -168,35 +177,44 @@ bool GraphRng::empty() {
 std::function<void()> GraphRng::prepareReplay() {
   std::lock_guard<std::mutex> lock(mu_);
   if (entries_.empty()) return {};
-  // Each axon generator once, in order of first use: its range for this replay.
-  std::vector<std::pair<at::Generator, std::pair<uint64_t, uint64_t>>> ranges;
+  // Each axon generator once, in order of first use, with the counter values
+  // the capture took from it: its range for this replay.
+  struct Range {
+    at::Generator gen;
+    uint64_t count = 0;
+    std::pair<uint64_t, uint64_t> first;  // (seed, offset)
+  };
+  std::vector<Range> ranges;
   for (const Entry& e : entries_) {
     auto it = std::find_if(ranges.begin(), ranges.end(),
-                           [&](const auto& r) { return r.first == e.axon; });
-    if (it == ranges.end()) ranges.push_back({e.axon, {0, 0}});
+                           [&](const Range& r) { return r.gen == e.axon; });
+    if (it == ranges.end()) it = ranges.insert(ranges.end(), Range{e.axon, 0, {0, 0}});
+    it->count += e.increment;
   }
-  for (auto& [gen, range] : ranges) {
-    uint64_t count = 0;
-    for (const Entry& e : entries_)
-      if (e.axon == gen) ++count;
-    std::lock_guard<std::mutex> glock(gen.mutex());
-    range = gen.get<AxonGeneratorImpl>()->reserve(count);
+  for (Range& r : ranges) {
+    std::lock_guard<std::mutex> glock(r.gen.mutex());
+    r.first = r.gen.get<AxonGeneratorImpl>()->reserve(r.count);
   }
   std::vector<std::pair<at::Generator, uint64_t>> seeds;
-  seeds.reserve(entries_.size());
+  std::vector<std::pair<std::shared_ptr<RawRngSlot>, RawRngSlot>> slots;
   for (const Entry& e : entries_) {
-    for (const auto& [gen, range] : ranges) {
-      if (gen == e.axon) {
-        seeds.emplace_back(e.cpu, splitmix64(range.first ^ splitmix64(range.second + e.relative)));
-        break;
+    for (const Range& r : ranges) {
+      if (r.gen != e.axon) continue;
+      const uint64_t seed = r.first.first, offset = r.first.second + e.relative;
+      if (e.slot != nullptr) {
+        slots.push_back({e.slot, RawRngSlot{seed, offset}});
+      } else {  // as cpuGeneratorFor eagerly
+        seeds.emplace_back(e.cpu, splitmix64(seed ^ splitmix64(offset)));
       }
+      break;
     }
   }
-  return [seeds = std::move(seeds)]() mutable {
+  return [seeds = std::move(seeds), slots = std::move(slots)]() mutable {
     for (auto& [cpu, seed] : seeds) {
       std::lock_guard<std::mutex> glock(cpu.mutex());
       cpu.get<at::CPUGeneratorImpl>()->set_current_seed(seed);
     }
+    for (auto& [slot, value] : slots) *slot = value;
   };
 }
 

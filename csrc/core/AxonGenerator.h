@@ -48,16 +48,35 @@ at::Generator createAxonGenerator(c10::DeviceIndex device = -1);
 at::Generator cpuGeneratorFor(const std::optional<at::Generator>& gen,
                               c10::DeviceIndex device);
 
+// A counter range that a kernel draws from directly (the attention kernels'
+// dropout).  Eagerly, `seed` and `offset` are reserved when the op is queued.
+// While a graph captures, `slot` is set instead: the kernel reads the range
+// from it when it runs, and each replay of the graph fills it with the range
+// this replay reserved.
+struct RawRngSlot {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+struct RawRng {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  std::shared_ptr<RawRngSlot> slot;
+};
+// Reserves `increment` counter values of `gen` for an op on `device`.
+RawRng reserveRawRng(c10::DeviceIndex device, at::Generator gen, uint64_t increment);
+
 // Graph capture (core/AxonGraph.cpp).  A random op captured in a graph must
 // draw new numbers at each replay, exactly those it would draw if it ran
 // eagerly at that point: while a graph captures on a stream, cpuGeneratorFor
-// on that stream hands out a CPU generator the graph owns and numbers its
-// use within the capture; each replay reserves, from each axon generator the
-// capture used, as many counter values as the capture took, and reseeds the
-// CPU generators on the stream before the graph's work runs.
+// on that stream hands out a CPU generator the graph owns, and reserveRawRng
+// a slot the graph owns; the capture records the counter values each took.
+// Each replay reserves, from each axon generator the capture used, as many
+// counter values as the capture took, and reseeds the CPU generators and
+// fills the slots on the stream before the graph's work runs.
 class GraphRng {
  public:
   at::Generator cpuGenerator(const at::Generator& axon_gen);
+  std::shared_ptr<RawRngSlot> rawSlot(const at::Generator& axon_gen, uint64_t increment);
   // On the host at replay: reserves the counter ranges now and returns the
   // reseeding to run on the stream ahead of the graph (empty if the capture
   // drew no random numbers).
@@ -67,16 +86,17 @@ class GraphRng {
  private:
   struct Entry {
     at::Generator axon;
-    at::Generator cpu;
-    uint64_t relative;  // counter value within the capture
+    at::Generator cpu;                 // a random op of the CPU kernels, or
+    std::shared_ptr<RawRngSlot> slot;  // a raw range
+    uint64_t relative;                 // its first counter value within the capture
+    uint64_t increment;
   };
+  void add(Entry e);
   std::mutex mu_;
   std::vector<Entry> entries_;
 };
-// Registers (rng != nullptr) or removes the capture of `stream`.
-void setCaptureRng(c10::DeviceIndex device, c10::StreamId stream, std::shared_ptr<GraphRng> rng);
-// Raw counter ranges (the attention kernels' dropout) cannot be replayed yet:
-// raises a clear error when the current stream of `device` captures.
-void checkRawRngNotCaptured(c10::DeviceIndex device, const char* op);
+// Registers (rng != nullptr) or removes the GraphRng of a capture (the
+// runtime's capture id).
+void setCaptureRng(uint64_t capture_id, std::shared_ptr<GraphRng> rng);
 
 }  // namespace at::axon

@@ -66,7 +66,8 @@ class AxonGraphImpl final : public at::GraphImplInterface {
       pool_owned_ = true;
       routing_ = true;
       rng_ = std::make_shared<GraphRng>();
-      setCaptureRng(device_, stream.id(), rng_);
+      capture_id_ = id;
+      setCaptureRng(capture_id_, rng_);
     } catch (...) {
       reset();
       throw;
@@ -78,7 +79,7 @@ class AxonGraphImpl final : public at::GraphImplInterface {
     TORCH_CHECK(getCurrentAxonStream(device_) == stream_,
                 "Capture must end on the same stream it began on.");
     capturing_ = false;
-    setCaptureRng(device_, stream_.id(), nullptr);
+    setCaptureRng(capture_id_, nullptr);
     stopRouting();
     try {
       graph_ = rt_call([&] { return rt::stream_end_capture(to_rt(stream_)); });
@@ -116,7 +117,7 @@ class AxonGraphImpl final : public at::GraphImplInterface {
     if (capturing_) {
       // Abandoned mid-capture (an exception inside `with graph`): end it.
       capturing_ = false;
-      setCaptureRng(device_, stream_.id(), nullptr);
+      setCaptureRng(capture_id_, nullptr);
       try {
         rt::graph_destroy(rt::stream_end_capture(to_rt(stream_)));
       } catch (const rt::Error&) {  // invalidated: it is over either way
@@ -180,6 +181,7 @@ class AxonGraphImpl final : public at::GraphImplInterface {
   c10::MempoolId_t pool_{0, 0};
   rt::Graph* graph_ = nullptr;
   std::shared_ptr<GraphRng> rng_;
+  uint64_t capture_id_ = 0;  // the runtime's, while capturing
   std::map<c10::StreamId, rt::Event*> replayed_;  // per stream, after its last replay
 };
 

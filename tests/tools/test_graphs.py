@@ -435,17 +435,62 @@ def test_more_misuse_messages(tmp_path):
         g.debug_dump(str(tmp_path / "g.txt"))
 
 
-def test_attention_dropout_cannot_be_captured_yet():
-    q = torch.randn(1, 2, 8, 16, device=DEV)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_dropout_draws_new_numbers_each_replay_as_eager(dtype):
+    # Attention's dropout draws from raw counter ranges (not the CPU kernels'
+    # generators): each replay must reserve its own range, in capture order
+    # with the other random ops, and the backward must use the forward's.
+    q, k, v = (torch.randn(2, 3, 16, 8, device=DEV, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    go = torch.randn(2, 3, 16, 8, device=DEV, dtype=dtype)
+
+    def step():
+        before = torch.rand(5, device=DEV)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.4, is_causal=True)
+        grads = torch.autograd.grad(out, (q, k, v), go)
+        after = F.dropout(torch.ones(64, device=DEV), 0.5)
+        return (before, out, *grads, after)
+
     torch.axon.synchronize()
     g = torch.axon.AxonGraph()
-    with pytest.raises(RuntimeError, match="with dropout cannot be captured in an axon graph yet"):
-        with torch.axon.graph(g):
-            F.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
-    assert not torch.axon.is_current_stream_capturing()
-    g2 = torch.axon.AxonGraph()
-    with torch.axon.graph(g2):  # without dropout it captures
-        out = F.scaled_dot_product_attention(q, q, q)
-    g2.replay()
-    torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q.cpu(), q.cpu(), q.cpu()),
-                               atol=1e-5, rtol=1e-5)
+    with torch.axon.graph(g):
+        static = step()
+    torch.axon.manual_seed(5)
+    replays = []
+    for _ in range(2):
+        g.replay()
+        replays.append([t.cpu() for t in static])
+    offset_after = torch.axon.get_rng_state()
+    torch.axon.manual_seed(5)
+    eager = [[t.cpu() for t in step()] for _ in range(2)]
+    for got, want in zip(replays, eager):
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert not torch.equal(replays[0][1], replays[1][1])  # new numbers each replay
+    assert torch.equal(offset_after, torch.axon.get_rng_state())  # the same counter used
+    # Dropout happened: some attention weights were zeroed, so the output
+    # differs from attention without dropout.
+    nodrop = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert not torch.allclose(replays[0][1], nodrop.detach().cpu())
+
+
+def test_make_graphed_transformer_layer_with_dropout_trains_like_eager():
+    torch.manual_seed(0)
+    eager = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.2, batch_first=True).to(DEV)
+    graphed = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.2, batch_first=True).to(DEV)
+    graphed.load_state_dict(eager.state_dict())
+    sample = torch.randn(2, 8, 32, device=DEV, requires_grad=True)
+    graphed = torch.axon.make_graphed_callables(graphed, (sample,))
+    for step in range(2):
+        x = torch.randn(2, 8, 32, device=DEV)
+        results = []
+        for model in (eager, graphed):
+            model.zero_grad(set_to_none=True)  # as CUDA's: grads alias the graph's buffers
+            torch.axon.manual_seed(100 + step)
+            xi = x.clone().requires_grad_()
+            out = model(xi)
+            out.square().mean().backward()
+            results.append([out.detach().cpu(), xi.grad.cpu()] +
+                           [p.grad.cpu() for p in model.parameters()])
+        for got, want in zip(results[1], results[0]):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -195,18 +195,27 @@ SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
   // so the transpose(1, 2) before the output projection is already contiguous).
   at::Tensor out = like_query(q, {B, Hq, L, Dv}, device);
   at::Tensor lse = emptyDevice({B, Hq, L}, at::kFloat, device);
-  uint64_t seed = 0, offset = 0;
+  // The dropout's counter range.  Eagerly it is known now and travels to the
+  // backward in CPU scalars; while a graph captures, each replay fills a slot
+  // that the kernel reads when it runs and writes into device scalars, which
+  // the backward reads when it runs (as CUDA's graph-safe philox state).
+  RawRng rng;
   if (dropout_p > 0) {
-    checkRawRngNotCaptured(device, "scaled_dot_product_attention");
-    at::Generator gen = getDefaultAxonGenerator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    std::tie(seed, offset) = gen.get<AxonGeneratorImpl>()->reserve(
-        static_cast<uint64_t>(B * Hq * L * S));
+    rng = reserveRawRng(device, getDefaultAxonGenerator(device),
+                        static_cast<uint64_t>(B * Hq * L * S));
   }
   auto cpu_long = [](uint64_t x) {
     return at::scalar_tensor(static_cast<int64_t>(x), at::TensorOptions().dtype(at::kLong));
   };
-  at::Tensor philox_seed = cpu_long(seed), philox_offset = cpu_long(offset);
+  at::Tensor philox_seed, philox_offset;
+  if (rng.slot != nullptr) {
+    philox_seed = emptyDevice({}, at::kLong, device);
+    philox_offset = emptyDevice({}, at::kLong, device);
+  } else {
+    philox_seed = cpu_long(rng.seed);
+    philox_offset = cpu_long(rng.offset);
+  }
+  const uint64_t seed = rng.seed, offset = rng.offset;
   const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
   if (out.numel() > 0) {
     const k::AttentionShape shape = attention_shape(q, k, v);
@@ -216,7 +225,15 @@ SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
       return [=, dt = *kernelDType(q.scalar_type()), m = attention_mask(mask, shape),
               qp = q.const_data_ptr(), kp = k.const_data_ptr(), vp = v.const_data_ptr(),
               op = out.data_ptr(), lp = lse.data_ptr<float>(), qs = strides4(q), ks = strides4(k),
-              vs = strides4(v), os = strides4(out)] {
+              vs = strides4(v), os = strides4(out), slot = rng.slot,
+              sp = rng.slot ? philox_seed.data_ptr<int64_t>() : nullptr,
+              offp = rng.slot ? philox_offset.data_ptr<int64_t>() : nullptr]() mutable {
+        if (slot != nullptr) {  // captured: this replay's range
+          params.seed = slot->seed;
+          params.offset = slot->offset;
+          *sp = static_cast<int64_t>(params.seed);
+          *offp = static_cast<int64_t>(params.offset);
+        }
         k::attention_forward(dt, shape, params, qp, qs, kp, ks, vp, vs, m, op, os, lp);
       };
     };
@@ -264,8 +281,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   at::Tensor dq = like_query(q, q.sizes(), device);
   at::Tensor dk = like_query(k, k.sizes(), device);
   at::Tensor dv = like_query(v, v.sizes(), device);
-  const uint64_t seed = philox_seed.defined() ? philox_seed.item<int64_t>() : 0;
-  const uint64_t offset = philox_offset.defined() ? philox_offset.item<int64_t>() : 0;
+  // Device scalars (the forward ran in a graph) are read when the kernel runs.
+  const bool rng_on_device = dropout_p > 0 && philox_seed.defined() && !philox_seed.is_cpu();
+  const uint64_t seed = philox_seed.defined() && !rng_on_device ? philox_seed.item<int64_t>() : 0;
+  const uint64_t offset =
+      philox_offset.defined() && !rng_on_device ? philox_offset.item<int64_t>() : 0;
+  const int64_t* seed_ptr = rng_on_device ? philox_seed.const_data_ptr<int64_t>() : nullptr;
+  const int64_t* offset_ptr = rng_on_device ? philox_offset.const_data_ptr<int64_t>() : nullptr;
   const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
   const at::Tensor dout = grad_out.scalar_type() == q.scalar_type() ? grad_out
                                                                       : grad_out.to(q.scalar_type());
@@ -279,7 +301,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
               vp = v.const_data_ptr(), op = out.const_data_ptr(), lp = lse.const_data_ptr<float>(),
               dqp = dq.data_ptr(), dkp = dk.data_ptr(), dvp = dv.data_ptr(), gs = strides4(dout),
               qs = strides4(q), ks = strides4(k), vs = strides4(v), os = strides4(out),
-              dqs = strides4(dq), dks = strides4(dk), dvs = strides4(dv)] {
+              dqs = strides4(dq), dks = strides4(dk), dvs = strides4(dv)]() mutable {
+        if (seed_ptr != nullptr) {
+          params.seed = static_cast<uint64_t>(*seed_ptr);
+          params.offset = static_cast<uint64_t>(*offset_ptr);
+        }
         k::attention_backward(dt, shape, params, gp, gs, qp, qs, kp, ks, vp, vs, m, op, os, lp,
                               dqp, dqs, dkp, dks, dvp, dvs);
       };
