@@ -219,6 +219,13 @@ def test_device_properties_and_name():
     assert torch.axon.get_device_capability(0) == (p.major, p.minor)
     assert "Axon simulated device" in repr(p)
     assert torch.axon.mem_get_info(0)[1] == p.total_memory
+    # torch.cuda's other fields: a stable per-device uuid, the L2 of the
+    # device's cores, the kernels' float32 vector lanes.
+    assert p.uuid != torch.axon.get_device_properties(1).uuid
+    assert str(p.uuid) == str(torch.axon.get_device_properties("axon:0").uuid)
+    lanes = {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability(), 4)
+    assert p.warp_size == lanes
+    assert p.L2_cache_size >= 0 and p.is_integrated == 0 and p.is_multi_gpu_board == 0
 
 
 def test_synchronize_waits_for_pending_work():

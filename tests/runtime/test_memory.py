@@ -83,8 +83,23 @@ def test_memory_stats_keys_agree(dev):
     assert st["num_ooms"] == 0
     assert st["allocated_bytes.all.peak"] >= st["allocated_bytes.all.current"]
     assert torch.axon.memory_stats(f"axon:{dev}") == st
+    # The summary is laid out as torch.cuda.memory_summary's: per statistic
+    # current, peak, total allocated and freed, per pool unless abbreviated.
     summary = torch.axon.memory_summary(dev)
-    assert f"axon:{dev}" in summary and "allocated_bytes" in summary
+    assert f"device ID {dev} " in summary
+    rows = [(line.split("|")[0].strip(), [c.split() for c in line.split("|")[1:]])
+            for line in summary.splitlines() if line.count("|") == 4]
+    names = [name for name, _ in rows]
+    i = names.index("Allocated memory")
+    assert rows[i][1][0] == ["2052", "KiB"]  # 4096 + 2 MiB
+    assert rows[i + 1] == ("from large pool", [["2048", "KiB"]] * 3 + [["0", "B"]])
+    assert rows[i + 2][0] == "from small pool" and rows[i + 2][1][0] == ["4", "KiB"]
+    rows = dict(rows)
+    assert rows["Allocations"][0] == ["2"]
+    assert rows["Requested memory"][0] == [str((4000 + 2 * MiB) // 1024), "KiB"]
+    short = torch.axon.memory_summary(dev, abbreviated=True)
+    assert "from large pool" in summary and "from large pool" not in short
+    assert "Allocated memory" in short
     del t, big
 
 

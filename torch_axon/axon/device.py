@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import platform
+import uuid as uuid_lib
 from typing import Any
 
 import torch
@@ -123,6 +126,10 @@ def synchronize(device: _DeviceLike = None) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _AxonDeviceProperties:
+    """torch.cuda's device properties, for an axon device.  A compute unit is a
+    host core the device's kernels run on; ``warp_size`` is the float32 lanes of
+    one vector instruction of its kernels; ``L2_cache_size`` is its cores' L2;
+    ``uuid`` is the same for this device of this machine in every process."""
     name: str
     total_memory: int
     multi_processor_count: int
@@ -130,16 +137,53 @@ class _AxonDeviceProperties:
     host_accessible: bool
     major: int = 1
     minor: int = 0
+    uuid: uuid_lib.UUID | None = None
+    L2_cache_size: int = 0
+    warp_size: int = 1
+    is_integrated: int = 0
+    is_multi_gpu_board: int = 0
 
     def __repr__(self) -> str:
         return (f"_AxonDeviceProperties(name='{self.name}', major={self.major}, "
                 f"minor={self.minor}, total_memory={self.total_memory // (1 << 20)}MB, "
-                f"multi_processor_count={self.multi_processor_count})")
+                f"multi_processor_count={self.multi_processor_count}, uuid={self.uuid}, "
+                f"L2_cache_size={self.L2_cache_size // (1 << 20)}MB)")
+
+
+def _l2_bytes_per_core() -> int:
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as f:
+            text = f.read().strip()
+    except OSError:
+        return 0
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    digits = text.rstrip("KkMmGg")
+    return int(digits) * scale if digits.isdigit() else 0
+
+
+@functools.lru_cache(maxsize=None)
+def _static_properties(index: int) -> dict:
+    machine = ""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path) as f:
+                machine = f.read().strip()
+            break
+        except OSError:
+            pass
+    lanes = {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability(), 4)
+    return {"uuid": uuid_lib.uuid5(uuid_lib.NAMESPACE_OID,
+                                   f"torch-axon/{machine or platform.node()}/{index}"),
+            "warp_size": lanes}
 
 
 def get_device_properties(device: _DeviceLike = None) -> _AxonDeviceProperties:
     """Name, memory capacity and compute units of an axon device."""
-    return _AxonDeviceProperties(**_C._get_device_properties(_get_device_index(device, optional=True)))
+    index = _get_device_index(device, optional=True)
+    props = _C._get_device_properties(index)
+    return _AxonDeviceProperties(
+        **props, **_static_properties(index),
+        L2_cache_size=_l2_bytes_per_core() * props["multi_processor_count"])
 
 
 def get_device_name(device: _DeviceLike = None) -> str:

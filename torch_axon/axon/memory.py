@@ -134,24 +134,61 @@ def mem_get_info(device=None) -> tuple[int, int]:
 
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:
-    """A short human-readable table of the allocator's statistics."""
+    """A human-readable printout of the caching allocator's statistics, laid out
+    as ``torch.cuda.memory_summary``'s (current, peak, total allocated and total
+    freed of each statistic; per pool unless ``abbreviated``)."""
+    device = _index(device)
     stats = memory_stats(device)
 
-    def fmt(n: int) -> str:
-        for unit in ("B", "KiB", "MiB", "GiB"):
-            if abs(n) < 1024 or unit == "GiB":
-                return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-            n /= 1024
-        return str(n)
+    def size(n: int, ref: int) -> str:
+        unit = "B  "
+        for next_unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+            if ref < 768 * 1024:
+                break
+            unit, n, ref = next_unit, n // 1024, ref / 1024
+        return f"{n:6d} {unit}"
 
-    lines = [f"axon:{_index(device)} memory summary",
-             f"{'metric':<24}{'current':>14}{'peak':>14}"]
-    for key in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"):
-        lines.append(f"{key:<24}{fmt(stats.get(f'{key}.all.current', 0)):>14}"
-                     f"{fmt(stats.get(f'{key}.all.peak', 0)):>14}")
-    for key in ("num_alloc_retries", "num_ooms"):
-        lines.append(f"{key:<24}{stats.get(key, 0):>14}")
-    return "\n".join(lines)
+    def count(n: int, ref: int) -> str:
+        unit = " "
+        for next_unit in ("K", "M"):
+            if ref < 750 * 1000:
+                break
+            unit, n, ref = next_unit, n // 1000, ref / 1000
+        return f"{n:7d} {unit} "
+
+    rule, double = "-" * 75, "=" * 75
+    lines = [double,
+             f" {'':16} PyTorch axon memory summary, device ID {device:<17d} ",
+             rule,
+             f"  {'':9} axon OOMs: {stats.get('num_ooms', 0):<12d} | {'':6} "
+             f"device alloc retries: {stats.get('num_alloc_retries', 0):<6d}  ",
+             double,
+             "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  "]
+    pools = [("all", None)] if abbreviated else [
+        ("all", None), ("large_pool", "      from large pool"), ("small_pool", "      from small pool")]
+    for key, title, fmt in (
+            ("allocated_bytes", "Allocated memory", size), ("active_bytes", "Active memory", size),
+            ("requested_bytes", "Requested memory", size),
+            ("reserved_bytes", "Reserved memory", size),
+            ("inactive_split_bytes", "Non-releasable memory", size),
+            ("allocation", "Allocations", count), ("active", "Active allocs", count),
+            ("segment", "Reserved segments", count),
+            ("inactive_split", "Non-releasable allocs", count)):
+        lines.append(rule)
+        ref = None
+        for pool, name in pools:
+            values = [stats.get(f"{key}.{pool}.{f}", 0)
+                      for f in ("current", "peak", "allocated", "freed")]
+            ref = ref or values  # the sub-rows use the total's units
+            cells = " | ".join(fmt(v, r) for v, r in zip(values, ref))
+            lines.append(f" {name or title:<21} | {cells} ")
+    for key, title in (("oversize_allocations", "Oversize allocations"),
+                       ("oversize_segments", "Oversize segments")):
+        lines.append(rule)
+        values = [stats.get(f"{key}.{f}", 0) for f in ("current", "peak", "allocated", "freed")]
+        lines.append(f" {title:<21} | " + " | ".join(count(v, v) for v in values) + " ")
+    lines.append(double)
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- fraction
