@@ -19,6 +19,14 @@
 namespace at::axon {
 
 namespace {
+thread_local int meta_for_axon = 0;
+}  // namespace
+
+MetaForAxon::MetaForAxon() { ++meta_for_axon; }
+MetaForAxon::~MetaForAxon() { --meta_for_axon; }
+bool metaForAxon() { return meta_for_axon > 0; }
+
+namespace {
 
 // ------------------------------------------------------------ op plans
 
@@ -476,6 +484,7 @@ void genericStreamKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
     }
   } else {
     try {
+      const MetaForAxon for_axon;
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
     } catch (const c10::NotImplementedError&) {
       plan.kind = OpPlan::Kind::kUnsupported;  // no Meta kernel: tier 3 from now on

@@ -31,4 +31,17 @@ namespace at::axon {
 // norm, _logcumsumexp).
 void genericStreamKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// While alive, Meta kernels run on this thread for an axon op: the Python
+// ones ask torch._meta_registrations.device_hint which device's layout to
+// give, and, for meta tensors, get "axon" (the answer a FakeTensor on axon
+// gets under torch.compile) instead of its default "cuda"
+// (torch_axon/integrations/torch_meta.py).
+struct MetaForAxon {
+  MetaForAxon();
+  ~MetaForAxon();
+  MetaForAxon(const MetaForAxon&) = delete;
+  MetaForAxon& operator=(const MetaForAxon&) = delete;
+};
+bool metaForAxon();
+
 }  // namespace at::axon

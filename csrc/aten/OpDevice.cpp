@@ -49,6 +49,12 @@ class StackScan {
       const c10::AliasInfo* alias = schema_.arguments()[i].alias_info();
       find_device(stack[begin + i], alias != nullptr && alias->isWrite());
     }
+    // An axon generator given to an op on another device's tensors (the
+    // generator alone sent the op here): PyTorch's error for it.
+    TORCH_CHECK(device_ >= 0 || !axon_generator_, "Expected a '",
+                c10::DeviceTypeName(foreign_.has_value() ? foreign_->type() : c10::kCPU,
+                                    /*lower_case=*/true),
+                "' device type for generator but found 'axon'");
     TORCH_CHECK(device_ >= 0, "axon: ", op_name(schema_),
                 " received no axon tensor or device");
     return device_;
@@ -92,6 +98,9 @@ class StackScan {
       for (const c10::IValue& e : v.toListRef()) {
         if (e.isTensor()) note_device(e.toTensor(), cpu_indices_ok_, written);
       }
+    } else if (v.isGenerator()) {
+      const at::Generator& g = v.toGenerator();
+      axon_generator_ = axon_generator_ || (g.defined() && g.device().type() == kAxon);
     } else if (v.isDevice() && v.toDevice().type() == kAxon && device_ < 0) {
       device_ = resolve_index(v.toDevice());
       check_device(device_);
@@ -105,6 +114,7 @@ class StackScan {
   const bool cpu_indices_ok_;
   c10::DeviceIndex device_ = -1;
   std::optional<c10::Device> foreign_;
+  bool axon_generator_ = false;
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "../profiler/Profiler.h"
 #include "../aten/Fallback.h"
 #include "../aten/Fusion.h"
+#include "../aten/GenericKernel.h"
 #include "../aten/KernelSelect.h"
 #include "../aten/Kernels.h"
 #include "../aten/Registry.h"
@@ -101,6 +102,7 @@ PYBIND11_MODULE(_C, m) {
     return currentStreamCapturing(static_cast<c10::DeviceIndex>(d));
   });
   m.def("_get_device_properties", &device_properties);
+  m.def("_meta_for_axon", [] { return metaForAxon(); });
   m.def("_launch_blocking", [] { return rt::launch_blocking(); });
   m.def("_in_bad_fork", [] { return rt::in_bad_fork(); });
   m.def("_check_device", [](int d) { check_device(static_cast<c10::DeviceIndex>(d)); });

@@ -415,3 +415,55 @@ def test_transformer_encoder_with_padding_mask_matches_cpu(mask_dtype, case):
         want = enc(x, src_mask, kpm)
         got = dev(x.axon(), None if src_mask is None else src_mask.axon(), kpm.axon())
     assert_same(got, want, accum=True)
+
+
+def test_sdpa_kernel_context_chooses_the_backend():
+    """torch.nn.attention.sdpa_kernel as on the CPU and CUDA: MATH alone runs the math
+    path, the fused backends run axon's fused kernel, a backend axon lacks is PyTorch's
+    "No viable backend" error."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (make((1, 2, 5, 4), torch.float32, seed=s).to("axon").requires_grad_()
+               for s in (1, 2, 3))
+    fused = "ScaledDotProductFusedAttentionOverrideableBackward0"
+    assert F.scaled_dot_product_attention(q, k, v).grad_fn.name() == fused
+    for backend, want_fused in ((SDPBackend.MATH, False), (SDPBackend.OVERRIDEABLE, True),
+                                (SDPBackend.FLASH_ATTENTION, True),
+                                (SDPBackend.EFFICIENT_ATTENTION, True)):
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(q, k, v)
+        assert (out.grad_fn.name() == fused) == want_fused, backend
+        expected = F.scaled_dot_product_attention(q.detach().cpu(), k.detach().cpu(),
+                                                  v.detach().cpu())
+        torch.testing.assert_close(out.detach().cpu(), expected, atol=1e-5, rtol=1e-5)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        with pytest.raises(RuntimeError, match="No viable backend for scaled_dot_product_attention"):
+            F.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize("transform", ["vmap", "vmap_grad", "jacfwd", "dual"])
+def test_sdpa_under_torch_func_transforms_matches_cpu(transform):
+    """The fused op has no vmap batching rule and no forward derivative: inside
+    torch.func transforms and for dual tensors axon takes the math path, as the CPU can
+    (the CPU's forward AD needs MATH: its flash kernel has no forward derivative)."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def f(a):
+        return F.scaled_dot_product_attention(a, a * 0.5, a, is_causal=True)
+
+    def run(x):
+        if transform == "vmap":
+            return torch.func.vmap(f)(x)
+        if transform == "vmap_grad":
+            return torch.func.vmap(torch.func.grad(lambda a: f(a).square().sum()))(x)
+        if transform == "jacfwd":
+            return torch.func.jacfwd(lambda a: f(a).sum(-1))(x[0])
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(x[0], torch.ones_like(x[0]))
+            return fwAD.unpack_dual(f(dual)).tangent
+
+    x = make((3, 1, 2, 5, 4), torch.float32, seed=7)
+    with sdpa_kernel(SDPBackend.MATH):
+        expected = run(x)
+    torch.testing.assert_close(run(x.to("axon")).cpu(), expected, atol=1e-5, rtol=1e-5)

@@ -80,3 +80,27 @@ def test_efficient_zero_tensor():
     z = torch._efficientzerotensor(3, device="axon")
     assert_same(z + 1, torch._efficientzerotensor(3) + 1)
     assert_same(z.clone(), torch.zeros(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.uint8,
+                                   torch.bool, torch.complex64])
+def test_deterministic_mode_fills_uninitialized_memory_like_cpu(dtype):
+    """torch.use_deterministic_algorithms(True) (fill_uninitialized_memory on by default):
+    empty, empty_strided, empty_like and the new part of a resize_ are NaN (integers:
+    their maximum), as on the CPU, even when the cache hands back a used block."""
+    stale = torch.ones(64, device="axon", dtype=dtype)  # a block with old values, freed
+    del stale
+    torch.use_deterministic_algorithms(True)
+    try:
+        made = {
+            "empty": lambda d: torch.empty(3, 4, device=d, dtype=dtype),
+            "empty_strided": lambda d: torch.empty_strided((2, 3), (1, 2), device=d, dtype=dtype),
+            "empty_like": lambda d: torch.empty_like(torch.zeros(5, device=d, dtype=dtype)),
+            "resize_": lambda d: torch.zeros(2, device=d, dtype=dtype).resize_(6),
+        }
+        for name, make_it in made.items():
+            a, c = make_it("axon").cpu(), make_it("cpu")
+            assert a.stride() == c.stride(), name
+            torch.testing.assert_close(a, c, equal_nan=True, atol=0, rtol=0, msg=name)
+    finally:
+        torch.use_deterministic_algorithms(False)

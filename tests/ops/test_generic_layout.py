@@ -113,3 +113,43 @@ def test_floor_divide_layout_with_mixed_operands(dtype, other):
     got = torch.floor_divide(a.axon(), ax_b)
     assert got.stride() == expected.stride() and got.dtype == expected.dtype
     assert_same(got, expected, accum=True)
+
+
+# Python Meta kernels that lay results out by device (torch._meta_registrations.device_hint):
+# axon's generic kernel runs them on meta tensors, which used to answer "cuda" (CUDA's
+# layout in eager, while torch.compile's FakeTensors on axon took the other branch: the
+# compiled code's stride assertion failed).
+DEVICE_HINT_OPS = {
+    "rfft": lambda x: torch.fft.rfft(x),
+    "rfft2": lambda x: torch.fft.rfft2(x),
+    "rfftn_3d": lambda x: torch.fft.rfftn(x.reshape(2, 2, 8)),
+    "rfft2_transposed": lambda x: torch.fft.rfft2(x.t()),
+    "irfft_transposed": lambda x: torch.fft.irfft(x.t().to(torch.complex64)),
+    "hfft": lambda x: torch.fft.hfft(x.to(torch.complex64)),
+    "hfft2": lambda x: torch.fft.hfft2(x.to(torch.complex64)),
+    "ifft2": lambda x: torch.fft.ifft2(x.to(torch.complex64)),
+    "svd": lambda x: torch.linalg.svd(x),
+    "svd_reduced": lambda x: torch.linalg.svd(x.t(), full_matrices=False),
+    "eig": lambda x: torch.linalg.eig(x[:, :4]),
+    "median_dim": lambda x: x.median(1),
+    "mode_dim": lambda x: x.mode(0),
+    "histc": lambda x: torch.histc(x, bins=7),
+    "reflection_pad2d": lambda x: torch.nn.functional.pad(x[None], (1, 1, 1, 1), mode="reflect"),
+}
+
+
+@pytest.mark.parametrize("name", list(DEVICE_HINT_OPS))
+def test_device_dependent_meta_layouts_match_cpu_and_compile(name):
+    f = DEVICE_HINT_OPS[name]
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
+    cpu, ax = f(x), f(x.axon())
+    cpu = list(cpu) if isinstance(cpu, tuple) else [cpu]
+    ax = list(ax) if isinstance(ax, tuple) else [ax]
+    for c, a in zip(cpu, ax):
+        assert a.shape == c.shape and a.dtype == c.dtype
+        assert a.stride() == c.stride(), f"{name}: cpu {c.stride()}, axon {a.stride()}"
+    if name.startswith(("rfft", "irfft", "hfft", "ifft")):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda t: f(t) * 2)(x.axon())  # no stride assertion fails
+        torch.testing.assert_close(compiled.cpu(), cpu[0] * 2, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ax[0].cpu(), cpu[0], atol=1e-4, rtol=1e-4)

@@ -203,3 +203,59 @@ def test_clip_grad_norm_matches_cpu():
     assert_same(na, nc, accum=True)
     for p, q in zip(params_a, params_c):
         assert_same(p.grad, q.grad, accum=True)
+
+
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["adam", "amsgrad"])
+@pytest.mark.parametrize("layout", ["channels_last", "grad_contiguous", "state_transposed"])
+@pytest.mark.parametrize("decoupled", [False, True], ids=["adam", "adamw"])
+def test_fused_adam_any_layout_matches_cpu(layout, amsgrad, decoupled):
+    """The fused kernels walk memory flat: dense tensors sharing the parameter's strides
+    (channels_last conv weights) step in place; any other mix of layouts steps through
+    contiguous copies, written back. Against ATen's CPU fused kernel on contiguous copies
+    (on mixed layouts the CPU kernel itself pairs elements by memory order: wrong)."""
+    fused = torch._fused_adamw_ if decoupled else torch._fused_adam_
+
+    def tensors(device):
+        def t(seed, cl=True):
+            x = make((4, 3, 5, 5), torch.float32, seed=seed).to(device)
+            return x.to(memory_format=torch.channels_last) if cl else x
+
+        p, g = t(1), t(2, cl=layout != "grad_contiguous")
+        m, v = t(3), t(4).abs()
+        if layout == "state_transposed":
+            m = m.transpose(0, 1).contiguous().transpose(0, 1)  # dense, other strides
+        vmax = [v.clone() + 0.5] if amsgrad else []
+        return p, g, m, v, vmax
+
+    results = {}
+    for device in ("cpu", "axon"):
+        p, g, m, v, vmax = tensors(device)
+        if device == "cpu":
+            p, g, m, v = (x.contiguous() for x in (p, g, m, v))
+            vmax = [x.contiguous() for x in vmax]
+        strides = [x.stride() for x in (p, g, m, v, *vmax)]
+        fused([p], [g], [m], [v], vmax, [torch.full((), 3.0, device=device)], lr=0.1,
+              beta1=0.9, beta2=0.99, weight_decay=0.01, eps=1e-8, amsgrad=amsgrad,
+              maximize=False, grad_scale=None, found_inf=None)
+        assert [x.stride() for x in (p, g, m, v, *vmax)] == strides  # updated in place
+        results[device] = (p, m, v, *vmax)
+    for a, c in zip(results["axon"], results["cpu"]):
+        torch.testing.assert_close(a.cpu(), c, atol=1e-6, rtol=1e-6)
+
+
+def test_fused_adamw_channels_last_conv_trains_like_cpu():
+    """The case as a user meets it: a channels_last model with AdamW(fused=True)."""
+    def run(device):
+        torch.manual_seed(0)
+        m = torch.nn.Conv2d(3, 4, 3).to(device).to(memory_format=torch.channels_last)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True)
+        x = make((2, 3, 8, 8), torch.float32, seed=5).to(device).to(
+            memory_format=torch.channels_last)
+        for _ in range(3):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+        return [p.detach().cpu() for p in m.parameters()]
+
+    for a, c in zip(run("axon"), run("cpu")):
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)

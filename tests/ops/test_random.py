@@ -388,3 +388,18 @@ NN = {
 }
 
 test_nn_functional = nn_functional_test(NN)
+
+
+def test_axon_generator_for_cpu_work_raises_pytorchs_error():
+    """An axon generator given to a CPU op (torch.randn on the CPU, a DataLoader's
+    RandomSampler): the error CUDA's generators give, not an internal one."""
+    g = torch.Generator("axon")
+    for call in (lambda: torch.randn(3, generator=g), lambda: torch.randperm(5, generator=g),
+                 lambda: torch.ones(3).uniform_(generator=g),
+                 lambda: list(torch.utils.data.RandomSampler(range(4), generator=g))):
+        with pytest.raises(RuntimeError,
+                           match="Expected a 'cpu' device type for generator but found 'axon'"):
+            call()
+    with pytest.raises(RuntimeError,
+                       match="Expected a 'axon' device type for generator but found 'cpu'"):
+        torch.randn(3, device="axon", generator=torch.Generator())

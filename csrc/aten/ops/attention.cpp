@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_cpu_dispatch.h>
@@ -49,7 +51,33 @@ k::Strides4 strides4(const at::Tensor& t) {
 int64_t fusedSdpChoice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double /*dropout_p*/,
                          bool /*is_causal*/, std::optional<double> /*scale*/, bool enable_gqa) {
+  // torch.nn.attention.sdpa_kernel: axon's fused kernel stands for the fused
+  // backends (overrideable, flash, memory-efficient); math for math.  With
+  // none of them enabled, PyTorch's error.
+  const at::Context& ctx = at::globalContext();
+  const bool fused_enabled = ctx.userEnabledOverrideableSDP() || ctx.userEnabledFlashSDP() ||
+                             ctx.userEnabledMemEfficientSDP();
+  const bool math_enabled = ctx.userEnabledMathSDP();
+  TORCH_CHECK(fused_enabled || math_enabled,
+              "No viable backend for scaled_dot_product_attention was found. axon runs the "
+              "math backend and its fused kernel (as SDPBackend.OVERRIDEABLE, FLASH_ATTENTION "
+              "or EFFICIENT_ATTENTION); enable one of them.");
   const auto math = static_cast<int64_t>(at::SDPBackend::math);
+  const auto fused = static_cast<int64_t>(at::SDPBackend::overrideable);
+  if (!fused_enabled) return math;
+  // Transforms the fused op has no rule for: vmap (no batching rule) and
+  // forward-mode AD (no forward derivative) take the math path, made of ops
+  // that have both, as on the CPU.  Inside any torch.func transform (the
+  // functorch layer keys are in the thread's dispatch keys) and for tensors
+  // with forward gradients.
+  if (math_enabled) {
+    if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerBackMode)) {
+      return math;
+    }
+    for (const at::Tensor* t : {&q, &k, &v}) {
+      if (t->_fw_grad(/*level=*/0).defined()) return math;
+    }
+  }
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return math;
   if (!kernelDType(q.scalar_type()) || k.scalar_type() != q.scalar_type() ||
       v.scalar_type() != q.scalar_type()) {
@@ -76,7 +104,7 @@ int64_t fusedSdpChoice(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   if (q.requires_grad() || k.requires_grad() || v.requires_grad()) {
     if (!ne(q.sym_numel(), 0) || !ne(k.sym_numel(), 0)) return math;
   }
-  return static_cast<int64_t>(at::SDPBackend::overrideable);
+  return fused;
 }
 
 namespace {

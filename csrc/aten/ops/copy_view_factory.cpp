@@ -11,7 +11,10 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ScalarOps.h>
+#include <ATen/Context.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/arange_cpu_dispatch.h>
 #include <ATen/ops/as_strided_native.h>
@@ -59,6 +62,19 @@ c10::DeviceIndex target_index(std::optional<c10::Device> device) {
 
 // ------------------------------------------------------------ allocation
 
+// torch.use_deterministic_algorithms(True) with
+// torch.utils.deterministic.fill_uninitialized_memory (the default): new
+// memory is filled with NaN (integers: their maximum), as on CPU and CUDA.
+bool fill_uninitialized() {
+  const at::Context& ctx = at::globalContext();
+  return ctx.deterministicAlgorithms() && ctx.deterministicFillUninitializedMemory();
+}
+
+at::Tensor& fill_if_deterministic(at::Tensor& t) {
+  if (fill_uninitialized() && t.numel() > 0) at::native::fill_empty_deterministic_(t);
+  return t;
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size,
                                std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout,
@@ -70,8 +86,9 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
   // As CUDA's empty: only host memory can be pinned.
   TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
   c10::DeviceGuard guard(c10::Device(kAxon, target_index(device)));
-  return at::detail::empty_generic(size, getCachingAllocator(), kAxonKeys,
-                                   c10::dtype_or_default(dtype), memory_format);
+  at::Tensor t = at::detail::empty_generic(size, getCachingAllocator(), kAxonKeys,
+                                           c10::dtype_or_default(dtype), memory_format);
+  return fill_if_deterministic(t);
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -83,8 +100,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
               "axon supports only strided tensors, got layout ", *layout);
   TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
   c10::DeviceGuard guard(c10::Device(kAxon, target_index(device)));
-  return at::detail::empty_strided_generic(size, stride, getCachingAllocator(),
-                                           kAxonKeys, c10::dtype_or_default(dtype));
+  at::Tensor t = at::detail::empty_strided_generic(size, stride, getCachingAllocator(),
+                                                   kAxonKeys, c10::dtype_or_default(dtype));
+  return fill_if_deterministic(t);
 }
 
 // Zero tensors own no memory: their data pointer is null by design.
@@ -158,7 +176,9 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   if (self.sizes() == size && (!memory_format.has_value() || self.strides() == strides)) {
     return self;
   }
+  const int64_t old_nbytes = static_cast<int64_t>(self.storage().nbytes());
   set_geometry(self, size, strides, self.storage_offset());
+  if (fill_uninitialized()) at::native::fill_resize_deterministic_(self, old_nbytes);
   return self;
 }
 

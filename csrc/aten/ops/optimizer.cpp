@@ -77,17 +77,52 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
     void* vmax;
     const float* step;
   };
+  // The kernel walks each tensor's memory flat: it takes a group (parameter,
+  // gradient, states) as it is when all of them are dense with the
+  // parameter's strides (contiguous, channels_last, ...); otherwise it works
+  // on contiguous copies, written back after the step (stream-ordered).
+  bool flat = true;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<const at::Tensor*> group = {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]};
+    if (amsgrad) group.push_back(&max_exp_avg_sqs[i]);
+    for (const at::Tensor* t : group) {
+      same_device(*t);
+      TORCH_CHECK(t->scalar_type() == params[i].scalar_type() && t->sizes() == params[i].sizes(),
+                  name, ": parameters, gradients and states must have one dtype and size, got ",
+                  t->scalar_type(), " ", t->sizes(), " for a parameter of ",
+                  params[i].scalar_type(), " ", params[i].sizes());
+      flat = flat && t->is_non_overlapping_and_dense() && t->strides() == params[i].strides();
+    }
+  }
+  if (!flat) {
+    auto dense = [](at::TensorList list) {
+      std::vector<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& t : list) {
+        out.push_back(t.is_contiguous() ? t : t.contiguous());
+      }
+      return out;
+    };
+    const std::vector<at::Tensor> p = dense(params), g = dense(grads), m = dense(exp_avgs),
+                                  v = dense(exp_avg_sqs),
+                                  vmax = dense(amsgrad ? max_exp_avg_sqs : at::TensorList());
+    fused_adam_impl(name, p, g, m, v, vmax, steps, lr, lr_tensor, beta1, beta2, weight_decay, eps,
+                    amsgrad, maximize, grad_scale, found_inf, decoupled);
+    auto write_back = [](at::TensorList to, const std::vector<at::Tensor>& from) {
+      for (size_t i = 0; i < from.size(); ++i) {
+        if (!from[i].is_same(to[i])) to[i].copy_(from[i]);
+      }
+    };
+    write_back(params, p);
+    write_back(exp_avgs, m);
+    write_back(exp_avg_sqs, v);
+    if (amsgrad) write_back(max_exp_avg_sqs, vmax);
+    if (grad_scale.has_value() && grad_scale->defined()) write_back(grads, g);  // unscaled
+    return;
+  }
   std::vector<Item> items;
   int64_t elements = 0, largest = 0;
   for (size_t i = 0; i < n; ++i) {
-    const at::Tensor* group[] = {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]};
-    for (const at::Tensor* t : group) {
-      same_device(*t);
-      TORCH_CHECK(t->is_contiguous() && t->scalar_type() == params[i].scalar_type() &&
-                      t->numel() == params[i].numel(),
-                  name, ": parameters, gradients and states must be contiguous, of one dtype "
-                  "and size");
-    }
     const auto dt = kernelDType(params[i].scalar_type());
     TORCH_CHECK(dt.has_value(), name, ": unsupported dtype ", params[i].scalar_type());
     same_device(steps[i]);
@@ -95,11 +130,6 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
                 ": state_steps must be float32 scalars");
     void* vmax = nullptr;
     if (amsgrad) {
-      const at::Tensor& v = max_exp_avg_sqs[i];
-      same_device(v);
-      TORCH_CHECK(v.is_contiguous() &&
-                      v.scalar_type() == params[i].scalar_type() && v.numel() == params[i].numel(),
-                  name, ": max_exp_avg_sqs must match the parameters");
       vmax = max_exp_avg_sqs[i].data_ptr();
     }
     elements += params[i].numel();
