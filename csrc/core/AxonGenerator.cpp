@@ -14,6 +14,7 @@
 #include <atomic>
 #include <unordered_map>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 
 namespace at::axon {
@@ -40,7 +41,10 @@ void AxonGeneratorImpl::set_offset(uint64_t offset) { offset_ = offset; }
 uint64_t AxonGeneratorImpl::get_offset() const { return offset_; }
 
 c10::intrusive_ptr<c10::TensorImpl> AxonGeneratorImpl::get_state() const {
-  at::Tensor state = at::empty({16}, at::TensorOptions().dtype(at::kByte));
+  // Not dispatched (as CUDA's generator): a real tensor even under a
+  // FakeTensorMode (torch.compile saves generator states while tracing).
+  at::Tensor state = at::detail::empty_cpu({16}, at::kByte, std::nullopt, std::nullopt,
+                                           std::nullopt, std::nullopt);
   auto* p = static_cast<uint64_t*>(state.data_ptr());
   p[0] = seed_;
   p[1] = offset_;

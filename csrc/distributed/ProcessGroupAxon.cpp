@@ -189,7 +189,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::_allgather_base(
   const char* op = "all_gather_into_tensor";
   checkTensor(input, op);
   checkTensor(output, op);
-  checkSameDtype(input, output, op);
+  checkSameDtypeAndFormat(input, output, op);
   TORCH_CHECK(output.numel() == input.numel() * getSize(), "ProcessGroupAxon: ", op,
               ": output tensor size must be equal to world_size times input tensor size (",
               output.numel(), " vs ", getSize(), " x ", input.numel(), ")");
@@ -220,7 +220,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::allgather_into_tensor_coalesced
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkTensor(inputs[i], op);
     checkTensor(outputs[i], op);
-    checkSameDtype(inputs[i], outputs[i], op);
+    checkSameDtypeAndFormat(inputs[i], outputs[i], op);
     TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize(), "ProcessGroupAxon: ", op,
                 ": output tensor size must be equal to world_size times input tensor size");
     size_t n = byteCount(inputs[i]);
@@ -362,7 +362,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::_reduce_scatter_base(
   const char* op = "reduce_scatter_tensor";
   checkTensor(input, op);
   checkTensor(output, op);
-  checkSameDtype(input, output, op);
+  checkSameDtypeAndFormat(input, output, op);
   TORCH_CHECK(input.numel() == output.numel() * getSize(), "ProcessGroupAxon: ", op,
               ": input tensor must be the same size as output size times world size (",
               input.numel(), " vs ", output.numel(), " x ", getSize(), ")");
@@ -403,7 +403,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::reduce_scatter_tensor_coalesced
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkTensor(inputs[i], op);
     checkTensor(outputs[i], op);
-    checkSameDtype(inputs[i], outputs[i], op);
+    checkSameDtypeAndFormat(inputs[i], outputs[i], op);
     TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize(), "ProcessGroupAxon: ", op,
                 ": input tensor must be the same size as output size times world size");
     Part p;
@@ -432,7 +432,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::alltoall_base(
   const char* op = "all_to_all_single";
   checkTensor(input, op);
   checkTensor(output, op);
-  checkSameDtype(input, output, op);
+  checkSameDtypeAndFormat(input, output, op);
   int n = getSize();
   auto splits = [&](const at::Tensor& t, const std::vector<int64_t>& sizes, const char* what) {
     std::vector<size_t> bytes(n);
@@ -503,8 +503,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::alltoall(std::vector<at::Tensor
   for (int r = 0; r < n; ++r) {
     checkTensor(inputs[r], op);
     checkTensor(outputs[r], op);
-    checkSameDtype(inputs[r], inputs[0], op);
-    checkSameDtype(outputs[r], inputs[0], op);
+    checkSameDtypeAndFormat(inputs[r], inputs[0], op);
+    checkSameDtypeAndFormat(outputs[r], inputs[0], op);
     src[r] = dataPtr(inputs[r]);
     dst[r] = dataPtr(outputs[r]);
     sb[r] = byteCount(inputs[r]);
@@ -614,10 +614,20 @@ void ProcessGroupAxon::checkTensor(const at::Tensor& t, const char* op) {
               "before the first collective)");
 }
 
-void ProcessGroupAxon::checkSameDtype(const at::Tensor& a, const at::Tensor& b, const char* op) {
+// The collectives move bytes: a call's tensors must lay their elements out
+// in the same order (all in logical order, or all channels_last), or the
+// bytes of one land as other elements of the other.
+void ProcessGroupAxon::checkSameDtypeAndFormat(const at::Tensor& a, const at::Tensor& b,
+                                               const char* op) {
   TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(), "ProcessGroupAxon: ", op,
                    ": tensors must have the same dtype, got ", a.scalar_type(), " and ",
                    b.scalar_type());
+  auto format = [](const at::Tensor& t) {
+    return t.is_contiguous() ? at::MemoryFormat::Contiguous : t.suggest_memory_format();
+  };
+  TORCH_CHECK(format(a) == format(b), "ProcessGroupAxon: ", op,
+              ": tensors must have the same memory format, got ", format(a), " and ", format(b),
+              " (make them contiguous in one format, e.g. .contiguous())");
 }
 
 at::Tensor ProcessGroupAxon::singleTensor(std::vector<at::Tensor>& ts, const char* op) {
@@ -633,7 +643,7 @@ void ProcessGroupAxon::checkList(const std::vector<at::Tensor>& list, const at::
               what, " list must have world size (", getSize(), ") tensors, got ", list.size());
   for (const auto& t : list) {
     checkTensor(t, op);
-    checkSameDtype(t, like, op);
+    checkSameDtypeAndFormat(t, like, op);
     TORCH_CHECK(t.numel() == like.numel(), "ProcessGroupAxon: ", op, ": every ", what,
                 " tensor must have ", like.numel(), " elements, got ", t.numel());
   }

@@ -106,7 +106,7 @@ class ProcessGroupAxon : public c10d::Backend {
   // ------------------------------------------------------------ checks
   // (They also bind the group to the device of its first tensor.)
   void checkTensor(const at::Tensor& t, const char* op);
-  void checkSameDtype(const at::Tensor& a, const at::Tensor& b, const char* op);
+  void checkSameDtypeAndFormat(const at::Tensor& a, const at::Tensor& b, const char* op);
   at::Tensor singleTensor(std::vector<at::Tensor>& ts, const char* op);
   void checkList(const std::vector<at::Tensor>& list, const at::Tensor& like, const char* op,
                  const char* what);

@@ -3,6 +3,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "../core/AxonRuntime.h"
 #include "../core/AxonStream.h"
 #include "CommTypes.h"
@@ -25,6 +29,7 @@ WorkAxon::WorkAxon(int rank, c10d::OpType type, const char* profiling_title,
                    std::vector<at::Tensor> outputs, bool ran_inline)
     : c10d::Work(rank, type, profiling_title),
       ran_inline_(ran_inline),
+      name_(profiling_title != nullptr ? profiling_title : "collective"),
       device_(device),
       state_(std::move(state)),
       end_(std::move(end)),
@@ -55,12 +60,31 @@ std::exception_ptr WorkAxon::exception() const {
 
 std::vector<at::Tensor> WorkAxon::result() { return outputs_; }
 
-bool WorkAxon::wait(std::chrono::milliseconds /*timeout*/) {
+bool WorkAxon::wait(std::chrono::milliseconds timeout) {
   std::string e = state_->error();
   if (!e.empty()) throwDistError(e);
   // Finished already (or before the call returned): nothing to order, and
   // its error, if any, was raised above.
   if (ran_inline_ || ended(end_)) return true;
+  if (timeout != kNoTimeout) {
+    // As NCCL's and gloo's wait(timeout): the host waits for the collective,
+    // at most `timeout`, and raises when it has not finished by then.
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto pause = std::chrono::microseconds(50);
+    while (!ended(end_) && state_->error().empty()) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throwDistError(std::string("ProcessGroupAxon: ") + name_ + " on rank " +
+                       std::to_string(rank_) + ": wait(timeout=" +
+                       std::to_string(timeout.count()) +
+                       " ms) timed out before the collective finished");
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(2000));
+    }
+    e = state_->error();
+    if (!e.empty()) throwDistError(e);
+    return true;
+  }
   c10::Stream current = getCurrentAxonStream(device_);
   end_.block(current);
   auto state = state_;

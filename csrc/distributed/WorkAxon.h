@@ -40,7 +40,8 @@ class WorkAxon : public c10d::Work {
   std::vector<at::Tensor> result() override;
   // Orders the caller's current stream after the collective (no host wait).
   // If the collective fails, the error is raised by stream work queued behind
-  // it, so it surfaces at the caller's next synchronisation.
+  // it, so it surfaces at the caller's next synchronisation.  With a timeout
+  // the host waits for the collective, raising if it did not finish in time.
   bool wait(std::chrono::milliseconds timeout) override;
   void synchronize() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
@@ -50,6 +51,7 @@ class WorkAxon : public c10d::Work {
 
  private:
   bool ran_inline_;
+  std::string name_;
   c10::DeviceIndex device_;
   std::shared_ptr<OpState> state_;
   c10::Event end_;

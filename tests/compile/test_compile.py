@@ -875,3 +875,36 @@ def test_mixed_devices_raise_like_eager(op, other):
         torch.compile(MIXED[op], backend="axon")(a, c)
     assert isinstance(compiled.value, type(eager.value))
     assert "axon:0" in str(compiled.value) and other in str(compiled.value)
+
+
+@pytest.mark.parametrize("use_sdpa_dropout", [False, True])
+def test_compiled_checkpoint_with_random_ops_matches_eager(use_sdpa_dropout):
+    """Activation checkpointing under torch.compile wraps each random op of the recomputed
+    region (SDPA counts as one) in run_and_save_rng_state / run_with_rng_state, whose
+    kernels knew cuda, cpu, hpu and xpu only ("Backend not supported for axon": every
+    compiled HF model with gradient checkpointing). With fallback_random, compiled draws
+    the eager numbers: forward and gradients equal eager's."""
+    import torch._inductor.config as inductor_config
+    from torch.utils.checkpoint import checkpoint
+
+    p = 0.2 if use_sdpa_dropout else 0.0
+
+    def block(q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        return F.dropout(out.relu(), 0.1)
+
+    def f(q, k, v):
+        return checkpoint(block, q, k, v, use_reentrant=False).square().sum()
+
+    torch._dynamo.reset()
+    results = {}
+    with inductor_config.patch(fallback_random=True):
+        for name, fn in (("eager", f), ("compiled", torch.compile(f))):
+            q, k, v = (t.to("axon").requires_grad_() for t in make((3, 1, 2, 8, 16),
+                                                                    torch.float32, seed=4))
+            torch.axon.manual_seed(3)
+            out = fn(q, k, v)
+            out.backward()
+            results[name] = (out.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu())
+    for got, want in zip(results["compiled"], results["eager"]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

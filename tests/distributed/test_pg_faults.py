@@ -429,3 +429,69 @@ def test_peer_mappings_do_not_keep_freed_memory(monkeypatch):
     monkeypatch.setenv("AXON_DEVICE_MEMORY", "128MiB")
     for rank, worst in enumerate(run_ranks(_memory_loop, 2, timeout=120)):
         assert worst < 16 << 20, f"rank {rank}: {worst / 2**20:.0f} MiB over the reserved memory"
+
+
+# ---------------------------------------------------------------- wait(timeout), memory formats
+
+def _wait_timeout(rank, world):
+    dist.init_process_group("axon", timeout=datetime.timedelta(seconds=15))
+    dev = torch.device("axon", rank)
+    dist.all_reduce(torch.ones(4, device=dev))
+    if rank == 1:
+        time.sleep(4)  # joins the second collective late
+    work = dist.all_reduce(torch.ones(4, device=dev), async_op=True)
+    t0 = time.monotonic()
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=1))
+        outcome = "returned"
+    except Exception as e:  # noqa: BLE001
+        outcome = f"{type(e).__name__}: {e}"
+    elapsed = time.monotonic() - t0
+    work.wait()  # the collective itself still completes
+    torch.axon.synchronize()
+    return outcome, elapsed
+
+
+def test_wait_with_a_timeout_raises_when_the_collective_is_late():
+    """Work.wait(timeout) waits on the host at most `timeout`, as gloo's and NCCL's do
+    (the timeout used to be ignored: the error came at the group's timeout)."""
+    (outcome, elapsed), (outcome1, _) = run_ranks(_wait_timeout, 2, timeout=90)
+    assert outcome.startswith("DistBackendError") and "wait(timeout=1000 ms) timed out" in outcome
+    assert 0.9 < elapsed < 3.5, elapsed
+    assert outcome1 == "returned"
+
+
+def _mixed_formats(rank, world):
+    dist.init_process_group("axon")
+    dev = torch.device("axon", rank)
+    x = (torch.arange(24.0).reshape(2, 3, 2, 2) + 100 * rank).to(dev)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    errors = []
+    calls = {
+        "all_gather": lambda: dist.all_gather([torch.empty_like(x) for _ in range(world)], cl),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
+            torch.empty(2 * world, 3, 2, 2, device=dev), cl),
+        "reduce_scatter": lambda: dist.reduce_scatter(torch.empty_like(x), [cl] * world),
+        "all_to_all": lambda: dist.all_to_all([torch.empty_like(x)] * world, [cl] * world),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+            errors.append((name, None))
+        except RuntimeError as e:
+            errors.append((name, str(e)))
+    # The same format on every tensor is fine, channels_last included.
+    outs = [torch.empty_like(cl) for _ in range(world)]
+    dist.all_gather(outs, cl)
+    return errors, [o.cpu() for o in outs]
+
+
+def test_collectives_refuse_tensors_of_mixed_memory_formats():
+    """Collectives move bytes: a channels_last input gathered into contiguous outputs
+    would land its bytes as other elements (silently wrong); it is refused with a clear
+    error, and calls whose tensors share one format (channels_last too) are right."""
+    for errors, outs in run_ranks(_mixed_formats, 2, timeout=90):
+        for name, err in errors:
+            assert err is not None and "must have the same memory format" in err, (name, err)
+        for r, o in enumerate(outs):
+            torch.testing.assert_close(o, torch.arange(24.0).reshape(2, 3, 2, 2) + 100 * r)

@@ -320,9 +320,13 @@ def test_get_max_memory_sees_axon_devices(caplog):
     assert list(budget)[:count] == list(range(count)) and "cpu" in budget
     assert budget[0] == torch.axon.mem_get_info(0)[0]
     assert budget["cpu"] <= max(0, psutil.virtual_memory().available - sum(budget[i] for i in range(count)))
+    given = {1: "10MiB", "cpu": "1GB", 0: 1000}
     with caplog.at_level("WARNING"):
-        ordered = get_max_memory({1: "10MiB", "cpu": "1GB", 0: 1000})
+        ordered = get_max_memory(given)
     assert list(ordered.items()) == [(0, 1000), (1, 10 << 20), ("cpu", 10**9)]
+    # as upstream, the caller's strings are converted too (Transformers compares
+    # the values of its max_memory with the budget's afterwards)
+    assert given == {1: 10 << 20, "cpu": 10**9, 0: 1000}
     assert "not available" not in caplog.text
     with caplog.at_level("WARNING"):
         get_max_memory({count: "1GB"})

@@ -129,8 +129,12 @@ def max_memory_axon(modeling) -> None:
             # upstream lists no "cpu" budget): the CPU gets what the devices leave.
             budget["cpu"] = max(0, psutil.virtual_memory().available - sum(budget.values()))
             return budget
-        budget = {k: modeling.convert_file_size_to_int(v) if isinstance(v, str) else v
-                  for k, v in max_memory.items()}
+        # As upstream, sizes given as strings ("1GB") are converted in the
+        # caller's dict too: Transformers compares its values afterwards.
+        for k, v in list(max_memory.items()):
+            if isinstance(v, str):
+                max_memory[k] = modeling.convert_file_size_to_int(v)
+        budget = dict(max_memory)
         devices = sorted(k for k in budget if isinstance(k, int))
         for device in devices:
             if not 0 <= device < count:

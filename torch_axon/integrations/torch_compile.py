@@ -496,3 +496,98 @@ class _Recording:
     def close(self) -> None:
         self.graph.reset()
         self.outputs = self.owned = self.static_inputs = []
+
+
+@on_import("torch._prims.rng_prims")
+def checkpoint_rng_state_ops(rng_prims) -> None:
+    """Patch ``torch._prims.rng_prims``'s ``run_and_save_rng_state`` and
+    ``run_with_rng_state`` (their BackendSelect, fake and proxy kernels).
+
+    torch.compile's activation-checkpointing partitioner wraps each random op of
+    a recomputed region (SDPA counts as one) in these two operators, whose
+    kernels know cuda, cpu, hpu and xpu only: every compiled model with
+    gradient checkpointing and SDPA on axon failed with "Backend not supported
+    for axon".  Axon's entries save and restore torch.axon's generator state
+    (the device of the op's first tensor), as CUDA's do with torch.cuda's.  The
+    generic fix: ask the device module for get_rng_state/set_rng_state.
+    """
+    import torch
+    from torch._C import DispatchKey
+    from torch._higher_order_ops.utils import registered_hop_fake_fns
+    from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode, track_tensor_tree
+    from torch.utils import _pytree as pytree
+
+    save, run_with = rng_prims.run_and_save_rng_state, rng_prims.run_with_rng_state
+    if getattr(save, "_axon_patched", False):
+        return
+
+    def axon_device(args, kwargs):
+        if rng_prims.get_device(args, kwargs) != "axon":
+            return None
+        device = kwargs.get("device")
+        if device is None:
+            device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        return torch.device(device)
+
+    def save_on_axon(device, op, *args, **kwargs):
+        return torch.axon.get_rng_state(device), op(*args, **kwargs)
+
+    def run_with_on_axon(device, rng_state, op, *args, **kwargs):
+        current = torch.axon.get_rng_state(device)
+        torch.axon.set_rng_state(rng_state.cpu(), device)
+        try:
+            return op(*args, **kwargs)
+        finally:
+            torch.axon.set_rng_state(current, device)
+
+    def first_device(args):
+        return next(a.device for a in args if isinstance(a, torch.Tensor))
+
+    save.py_impl(DispatchKey.PrivateUse1)(
+        lambda op, *a, **kw: save_on_axon(first_device(a), op, *a, **kw))
+    run_with.py_impl(DispatchKey.PrivateUse1)(
+        lambda st, op, *a, **kw: run_with_on_axon(first_device(a), st, op, *a, **kw))
+
+    save_select = save.py_kernels[DispatchKey.BackendSelect]
+    run_with_select = run_with.py_kernels[DispatchKey.BackendSelect]
+
+    def save_backend_select(op, *args, **kwargs):
+        device = axon_device(args, kwargs)
+        if device is not None:
+            return save_on_axon(device, op, *args, **kwargs)
+        return save_select(op, *args, **kwargs)
+
+    def run_with_backend_select(rng_state, op, *args, **kwargs):
+        device = axon_device(args, kwargs)
+        if device is not None:
+            return run_with_on_axon(device, rng_state, op, *args, **kwargs)
+        return run_with_select(rng_state, op, *args, **kwargs)
+
+    save.py_kernels[DispatchKey.BackendSelect] = save_backend_select
+    run_with.py_kernels[DispatchKey.BackendSelect] = run_with_backend_select
+    save._dispatch_cache.clear()
+    run_with._dispatch_cache.clear()
+
+    save_fake = registered_hop_fake_fns[save]
+
+    def save_fake_with_axon(op, *args, **kwargs):
+        device = axon_device(args, kwargs)
+        if device is not None:
+            return save_on_axon(device, op, *args, **kwargs)
+        return save_fake(op, *args, **kwargs)
+
+    registered_hop_fake_fns[save] = save_fake_with_axon
+
+    save_proxy = save.python_key_table[ProxyTorchDispatchMode]
+
+    def save_proxy_with_axon(mode, op, *args, **kwargs):
+        if axon_device(args, kwargs) is None:
+            return save_proxy(mode, op, *args, **kwargs)
+        out = save_backend_select(op, *args, **kwargs)
+        proxy_args = pytree.tree_map(mode.tracer.unwrap_proxy, (op, *args))
+        proxy_kwargs = pytree.tree_map(mode.tracer.unwrap_proxy, kwargs)
+        out_proxy = mode.tracer.create_proxy("call_function", save, proxy_args, proxy_kwargs)
+        return track_tensor_tree(out, out_proxy, constant=None, tracer=mode.tracer)
+
+    save.python_key_table[ProxyTorchDispatchMode] = save_proxy_with_axon
+    save._axon_patched = True
