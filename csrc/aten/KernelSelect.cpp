@@ -1,5 +1,6 @@
 #include "KernelSelect.h"
 
+#include <ATen/Context.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -757,10 +758,26 @@ Key makeKey(Op op, c10::ScalarType dtype, std::initializer_list<int64_t> sizes, 
   return k;
 }
 
+namespace {
+// torch.use_deterministic_algorithms(True): the same op on the same inputs
+// gives the same bits at every call and in every process, so nothing is
+// chosen by measurement (variants and thread counts round differently):
+// auto modes mean our kernels, on the team (ATen's loops: the team from
+// their grain up, as they split).  A change of the flag starts the
+// per-thread caches over.
+bool deterministic() {
+  static std::atomic<int> seen{-1};
+  const int now = at::globalContext().deterministicAlgorithms() ? 1 : 0;
+  if (seen.load(std::memory_order_relaxed) != now && seen.exchange(now) != now) bump();
+  return now != 0;
+}
+}  // namespace
+
 Mode mode() {
   const int o = mode_override.load(std::memory_order_relaxed);
   if (o >= 0) return static_cast<Mode>(o);
   static const Mode env = envMode();
+  if (env == Mode::kAuto && deterministic()) return Mode::kOwn;
   return env;
 }
 
@@ -768,6 +785,7 @@ ThreadsMode threadsMode() {
   const int o = threads_override.load(std::memory_order_relaxed);
   if (o >= 0) return static_cast<ThreadsMode>(o);
   static const ThreadsMode env = envThreadsMode();
+  if (env == ThreadsMode::kAuto && deterministic()) return ThreadsMode::kTeam;
   return env;
 }
 
@@ -1036,14 +1054,15 @@ void ThreadEntry::record(int threads, double us) {
 
 int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, TeamKind team,
                bool on_worker) {
-  switch (threadsMode()) {
-    case ThreadsMode::kWorker: return 1;
-    case ThreadsMode::kTeam: return 0;
-    case ThreadsMode::kAuto: break;
-  }
   // ATen's loops do not split fewer elements than their grain (the largest
   // tensor holds at least the elements a kernel iterates over).
-  if (largest < at::internal::GRAIN_SIZE || !teamAvailable()) return 1;
+  const bool unsplit = largest < at::internal::GRAIN_SIZE || !teamAvailable();
+  switch (threadsMode()) {
+    case ThreadsMode::kWorker: return 1;
+    case ThreadsMode::kTeam: return deterministic() && unsplit ? 1 : 0;
+    case ThreadsMode::kAuto: break;
+  }
+  if (unsplit) return 1;
   const uint8_t cls = bucket(bytes);
   const uint64_t gen = generation.load(std::memory_order_acquire);
   CachedThreads& slot =

@@ -48,6 +48,9 @@
 // (at::internal::GRAIN_SIZE) run on the worker without a trial: ATen's loops
 // would not split them.  AXON_KERNEL_THREADS forces a side here too.
 //
+// - torch.use_deterministic_algorithms(True): nothing is measured or tried
+//   (variants and thread counts round differently); the auto modes mean our
+//   kernels on the team, and ATen's loops on the team from their grain up.
 // - Persisted per machine: ${AXON_CACHE_DIR:-~/.cache/torch_axon}/
 //   kernel_select-<hash of CPU model, ISA flags, core count, torch version>.json,
 //   read at first use and rewritten (under a lock file, through a temporary

@@ -90,6 +90,7 @@ void launchChecked(c10::DeviceIndex device, const char* name, uint64_t signature
   CollectWarnings collect;
   {
     c10::WarningUtils::WarningHandlerGuard guard(&collect);
+    const KernelThreadsScope team(threads);  // the device's numbers, not the host's
     try {
       work->run();
     } catch (...) {

@@ -114,6 +114,21 @@ void setKernelThreads(int threads) {
   }
 }
 
+KernelThreadsScope::KernelThreadsScope(int threads) : saved_(omp_get_max_threads()) {
+  const int all = kernelTeamSize();
+  const int want = threads > 0 ? std::min(threads, all) : all;
+  if (want == saved_) return;
+  changed_ = true;
+  omp_set_num_threads(want);
+  if (MKL_Set_Num_Threads_Local != nullptr) saved_mkl_ = MKL_Set_Num_Threads_Local(want);
+}
+
+KernelThreadsScope::~KernelThreadsScope() {
+  if (!changed_) return;
+  omp_set_num_threads(saved_);
+  if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(saved_mkl_);
+}
+
 std::unique_ptr<Work> functionWork(std::function<void()> fn) {
   return std::make_unique<FunctionWork>(std::move(fn));
 }

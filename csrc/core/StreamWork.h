@@ -83,6 +83,22 @@ void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn,
 // runs), and the team's full size there.
 void setKernelThreads(int threads);
 int kernelTeamSize();
+// On the calling thread, while alive: the team size a kernel launched with
+// `threads` gets on a stream worker, so that a kernel run on the host (a new
+// signature's first launch) computes exactly as it will on the device (a
+// reduction split over another number of threads rounds differently).
+class KernelThreadsScope {
+ public:
+  explicit KernelThreadsScope(int threads);
+  ~KernelThreadsScope();
+  KernelThreadsScope(const KernelThreadsScope&) = delete;
+  KernelThreadsScope& operator=(const KernelThreadsScope&) = delete;
+
+ private:
+  int saved_;          // OpenMP's team size before
+  int saved_mkl_ = 0;  // MKL's thread-local setting before (0: none)
+  bool changed_ = false;
+};
 // The threads MKL's GEMMs would use on this thread now (-1: no MKL).
 int kernelMklThreads();
 

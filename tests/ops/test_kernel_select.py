@@ -486,3 +486,50 @@ def test_tune_cli(tmp_path):
     r = run("--clear")
     assert r.returncode == 0 and f"removed {tmp_path / file}" in r.stdout
     assert not (tmp_path / file).exists()
+
+
+_DETERMINISTIC_RUN = """
+import hashlib, sys, torch, torch_axon
+import torch.nn.functional as F
+torch.use_deterministic_algorithms(sys.argv[1] == "1")
+g = torch.Generator().manual_seed(0)
+x = torch.randn(64, 512, generator=g).to("axon")
+w = torch.randn(1408, 512, generator=g).to("axon")
+img = torch.randn(1, 96, 16, 16, generator=g).to("axon")
+conv = torch.randn(32, 96, 1, 1, generator=g).to("axon")
+big = torch.randn(1 << 18, generator=g).to("axon")
+ops = {
+    "linear_row": lambda: F.linear(x[:1], w),
+    "linear": lambda: F.linear(x, w),
+    "softmax_bf16": lambda: torch.softmax(x.bfloat16() * 3, -1),
+    "layer_norm": lambda: F.layer_norm(x, (512,)),
+    "conv1x1": lambda: F.conv2d(img, conv),
+    "sum": lambda: big.sum(),
+    "cumsum": lambda: big.cumsum(0),
+}
+digests = []
+for name, op in ops.items():
+    runs = {hashlib.sha256(op().cpu().float().numpy().tobytes()).hexdigest() for _ in range(6)}
+    digests.append(f"{name}:{len(runs)}:{min(runs)[:16]}")
+print(" ".join(digests))
+"""
+
+
+def test_deterministic_algorithms_give_the_same_bits_every_call_and_process(tmp_path):
+    """Under torch.use_deterministic_algorithms(True) nothing is chosen by measurement
+    (kernel variants and thread counts round differently), and a new signature's first
+    launch, which runs on the host, uses the device's thread count: every call of an op
+    gives the same bits, in a process with an empty kernel-selection table, in one whose
+    table a measuring process wrote, and with the selection forced."""
+    env = {"AXON_CACHE_DIR": str(tmp_path)}
+    outputs = []
+    for deterministic, extra in (("1", {}), ("0", {}), ("1", {}),
+                                 ("1", {"AXON_KERNEL_THREADS": "auto"})):
+        code = _DETERMINISTIC_RUN.replace("sys.argv[1]", repr(deterministic))
+        code = "import os; os.environ['AXON_KERNEL_SELECT_CACHE'] = '1'\n" + code  # persisted
+        r = _python(code, timeout=300, **env, **extra)
+        assert r.returncode == 0, r.stderr[-3000:]
+        outputs.append(r.stdout.split())
+    for fields in (outputs[0], outputs[2], outputs[3]):  # the deterministic runs
+        assert all(f.split(":")[1] == "1" for f in fields), fields  # one result per op
+    assert outputs[0] == outputs[2] == outputs[3]  # the same in every process
