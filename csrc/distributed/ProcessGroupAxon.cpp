@@ -100,9 +100,57 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::broadcast(std::vector<at::Tenso
                     }, runner_->syncInline(opts.asyncOp, n)});
 }
 
+namespace {
+// PREMUL_SUM (NCCL's): each rank's input times its own factor, then summed.
+// The factor may differ between ranks, so it scales this rank's contribution
+// (floating-point tensors; on the current stream, before the collective) and
+// the collective is a SUM.
+struct Premul {
+  bool active = false;
+  at::Tensor tensor;  // the factor as a tensor, or
+  double value = 1.0;
+
+  at::Tensor scaled(const at::Tensor& t) const {
+    return (tensor.defined() ? t * tensor : t * value).to(t.scalar_type());
+  }
+  void scale_(const at::Tensor& t) const {
+    if (tensor.defined()) {
+      t.mul_(tensor);
+    } else {
+      t.mul_(value);
+    }
+  }
+};
+
+Premul premul(const c10d::ReduceOp& reduce_op, const std::vector<at::Tensor>& tensors) {
+  Premul p;
+  if (reduce_op.op_ != c10d::ReduceOp::PREMUL_SUM) return p;
+  for (const at::Tensor& t : tensors) {
+    // (anything else goes the usual way, to its checks' errors)
+    if (!t.defined() || t.device().type() != kAxon || !(t.is_floating_point() || t.is_complex())) {
+      return p;
+    }
+  }
+  auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(reduce_op.supplement_.get());
+  if (s == nullptr) return p;  // toCommReduction raises
+  p.active = true;
+  p.tensor = s->tensor_factor;
+  p.value = s->double_factor;
+  return p;
+}
+
+const c10d::ReduceOp kSum(c10d::ReduceOp::SUM);
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
   const char* op = "all_reduce";
+  if (Premul pm = premul(opts.reduceOp, tensors); pm.active) {
+    for (const at::Tensor& t : tensors) pm.scale_(t);  // in place: the result overwrites it
+    c10d::AllreduceOptions sum = opts;
+    sum.reduceOp = kSum;
+    return allreduce(tensors, sum);
+  }
   at::Tensor t = singleTensor(tensors, op);
   TORCH_CHECK(!opts.sparseIndices.has_value() && t.layout() == at::kStrided,
               "ProcessGroupAxon: all_reduce does not support sparse tensors");
@@ -126,6 +174,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   const char* op = "all_reduce_coalesced";
   TORCH_CHECK(!tensors.empty(), "ProcessGroupAxon: ", op, " needs at least one tensor");
+  if (Premul pm = premul(opts.reduceOp, tensors); pm.active) {
+    for (const at::Tensor& t : tensors) pm.scale_(t);
+    c10d::AllreduceCoalescedOptions sum = opts;
+    sum.reduceOp = kSum;
+    return allreduce_coalesced(tensors, sum);
+  }
   std::vector<std::tuple<char*, size_t, comm::DType, Reduction,
                          std::optional<comm::SharedBuffer>>> parts;
   for (auto& t : tensors) {
@@ -150,6 +204,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::reduce(std::vector<at::Tensor>&
   const char* op = "reduce";
   at::Tensor t = singleTensor(tensors, op);
   checkRoot(opts.rootRank, op);
+  if (Premul pm = premul(opts.reduceOp, tensors); pm.active) {
+    // The root's tensor receives the result; the others' stay as they were.
+    std::vector<at::Tensor> scaled = {t};
+    if (opts.rootRank == getRank()) {
+      pm.scale_(t);
+    } else {
+      scaled[0] = pm.scaled(t);
+    }
+    c10d::ReduceOptions sum = opts;
+    sum.reduceOp = kSum;
+    return reduce(scaled, sum);
+  }
   Reduction r = toCommReduction(opts.reduceOp, t, op);
   comm::DType dt = toCommDType(t.scalar_type(), op);
   char* p = dataPtr(t);
@@ -338,6 +404,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::reduce_scatter(
   const char* op = "reduce_scatter";
   at::Tensor out = singleTensor(outputs, op);
   TORCH_CHECK(inputs.size() == 1, "ProcessGroupAxon: ", op, " takes one input list");
+  if (Premul pm = premul(opts.reduceOp, inputs[0]); pm.active) {
+    std::vector<std::vector<at::Tensor>> scaled(1);
+    for (const at::Tensor& t : inputs[0]) scaled[0].push_back(pm.scaled(t));
+    c10d::ReduceScatterOptions sum = opts;
+    sum.reduceOp = kSum;
+    return reduce_scatter(outputs, scaled, sum);
+  }
   checkList(inputs[0], out, op, "input");
   Reduction r = toCommReduction(opts.reduceOp, out, op);
   comm::DType dt = toCommDType(out.scalar_type(), op);
@@ -360,6 +433,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::reduce_scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter_tensor";
+  if (Premul pm = premul(opts.reduceOp, {input}); pm.active) {
+    at::Tensor scaled = pm.scaled(input);
+    c10d::ReduceScatterOptions sum = opts;
+    sum.reduceOp = kSum;
+    return _reduce_scatter_base(output, scaled, sum);
+  }
   checkTensor(input, op);
   checkTensor(output, op);
   checkSameDtypeAndFormat(input, output, op);
@@ -391,6 +470,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::reduce_scatter_tensor_coalesced
   const char* op = "reduce_scatter_tensor_coalesced";
   TORCH_CHECK(outputs.size() == inputs.size(), "ProcessGroupAxon: ", op,
               ": as many outputs as inputs are needed");
+  if (Premul pm = premul(opts.reduceOp, inputs); pm.active) {
+    std::vector<at::Tensor> scaled;
+    for (const at::Tensor& t : inputs) scaled.push_back(pm.scaled(t));
+    c10d::ReduceScatterOptions sum = opts;
+    sum.reduceOp = kSum;
+    return reduce_scatter_tensor_coalesced(outputs, scaled, sum);
+  }
   struct Part {
     std::vector<const void*> src;
     char* dst;

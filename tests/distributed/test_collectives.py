@@ -190,6 +190,28 @@ def _collectives(rank, world):
     full = expected_reduce([make(r, torch.float32, (1000,), 9) for r in range(n)],
                            dist.ReduceOp.SUM, torch.float32) * 0.25
     check(out, full.chunk(n)[rank], "reduce_scatter PREMUL_SUM")
+    # ... with a different factor on each rank (NCCL's semantics: each rank's input
+    # times its own factor, then summed), a number or a device tensor.
+    factors = [0.5 + r for r in range(n)]
+    inputs = [make(r, torch.float32, (1000,), 10) for r in range(n)]
+    want = sum(x * f for x, f in zip(inputs, factors))
+    for form in ("number", "tensor"):
+        f = factors[rank] if form == "number" else torch.tensor(factors[rank], device=dev)
+        t = inputs[rank].to(dev)
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(f))
+        check(t, want, f"all_reduce PREMUL_SUM per-rank {form}")
+        t = inputs[rank].to(dev)
+        dist.reduce(t, dst=0, op=dist._make_nccl_premul_sum(f))
+        check(t, want if rank == 0 else inputs[rank], f"reduce PREMUL_SUM per-rank {form}")
+        out = torch.empty(1000 // n, device=dev)
+        src = inputs[rank].to(dev)
+        dist.reduce_scatter_tensor(out, src, op=dist._make_nccl_premul_sum(f))
+        check(out, want.chunk(n)[rank], f"reduce_scatter_tensor PREMUL_SUM per-rank {form}")
+        check(src, inputs[rank], "reduce_scatter_tensor PREMUL_SUM leaves its input")
+        out = torch.empty(1000 // n, device=dev)
+        dist.reduce_scatter(out, [c.to(dev) for c in inputs[rank].chunk(n)],
+                            op=dist._make_nccl_premul_sum(f))
+        check(out, want.chunk(n)[rank], f"reduce_scatter PREMUL_SUM per-rank {form}")
 
     # all_to_all_single: equal splits, uneven splits (rank r sends r + d + 1
     # rows to rank d), and the list form.
