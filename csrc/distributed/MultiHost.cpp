@@ -152,6 +152,45 @@ std::pair<c10d::ReduceOp, double> HostHierarchy::glooReduce(const c10d::ReduceOp
   return {reduce_op, std::numeric_limits<double>::quiet_NaN()};
 }
 
+OpBody HostHierarchy::checked(std::vector<int64_t> signature, OpBody body) const {
+  auto global = global_;
+  const int size = size_;
+  return [global, size, signature = std::move(signature), body = std::move(body)](
+             comm::ShmGroup& g) {
+    const int64_t len = static_cast<int64_t>(signature.size());
+    at::Tensor mine = at::empty({len}, at::TensorOptions().dtype(at::kLong));
+    std::copy(signature.begin(), signature.end(), mine.data_ptr<int64_t>());
+    std::vector<at::Tensor> all;
+    for (int r = 0; r < size; ++r) all.push_back(at::empty({len}, mine.options()));
+    std::vector<std::vector<at::Tensor>> outputs = {all};
+    std::vector<at::Tensor> inputs = {mine};
+    global->allgather(outputs, inputs)->wait();
+    // [op type, dtype, elements, reduction, root]; -1: not compared
+    auto describe = [](const int64_t* s) {
+      std::string d = c10d::opTypeToString(static_cast<c10d::OpType>(s[0]));
+      if (s[1] >= 0) d += std::string(" of ") + comm::dtype_name(static_cast<comm::DType>(s[1]));
+      if (s[2] >= 0) d += ", " + std::to_string(s[2]) + " elements";
+      static const char* const kOps[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX",
+                                         "BAND", "BOR", "BXOR", "PREMUL_SUM"};
+      if (s[3] >= 0) d += std::string(", ") + (s[3] < 9 ? kOps[s[3]] : "reduction");
+      if (s[4] >= 0) d += ", root " + std::to_string(s[4]);
+      return d;
+    };
+    const int64_t* first = outputs[0][0].data_ptr<int64_t>();
+    for (int r = 1; r < size; ++r) {
+      const int64_t* other = outputs[0][r].data_ptr<int64_t>();
+      if (!std::equal(first, first + len, other)) {
+        throw std::runtime_error(
+            "ProcessGroupAxon: collectives do not match across ranks: rank 0 called " +
+            describe(first) + " but rank " + std::to_string(r) + " called " + describe(other) +
+            " (every rank must call the same collectives in the same order, with the same "
+            "sizes, dtypes, ops and roots)");
+      }
+    }
+    body(g);
+  };
+}
+
 OpBody HostHierarchy::onGlobal(std::function<WorkPtr(c10d::Backend&)> fn) const {
   auto global = global_;
   return [global, fn](comm::ShmGroup&) {

@@ -80,6 +80,13 @@ class HostHierarchy {
                   const std::vector<at::Tensor>& inputs) const;
   // A send is posted without waiting for the receiver; a receive inside a
   // coalesced batch is waited for at the batch's end.
+  // `body` preceded by a comparison of the call's signature across all ranks
+  // (a gloo all_gather of a few numbers): ranks that called different
+  // collectives (kind, dtype, size, reduction, root) all get the same
+  // "do not match" error instead of wrong data, a hang or gloo aborting the
+  // process; on one host the shared-memory group compares them.
+  OpBody checked(std::vector<int64_t> signature, OpBody body) const;
+
   OpBody send(const at::Tensor& t, int dst) const;
   OpBody recv(const at::Tensor& t, int src) const;
 

@@ -16,6 +16,21 @@
 #include "WorkAxon.h"
 
 namespace at::axon {
+
+namespace {
+// A multi-host call's signature (HostHierarchy::checked): op type, dtype,
+// elements, reduction, root; -1 where not compared.
+std::vector<int64_t> sig(c10d::OpType type, const at::Tensor& t, int64_t elements,
+                         int64_t reduce = -1, int64_t root = -1) {
+  return {static_cast<int64_t>(type), t.defined() ? dtypeTag(t) : -1, elements, reduce, root};
+}
+
+int64_t total(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (const at::Tensor& t : ts) n += t.numel();
+  return n;
+}
+}  // namespace
 namespace {
 
 namespace comm = ::axon::comm;
@@ -92,7 +107,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::broadcast(std::vector<at::Tenso
   char* p = dataPtr(t);
   size_t n = byteCount(t);
   int root = static_cast<int>(opts.rootRank);
-  if (hosts_) return enqueue(OpType::BROADCAST, op, {t}, {t}, hosts_->broadcast(t, root));
+  if (hosts_) return enqueue(OpType::BROADCAST, op, {t}, {t}, hosts_->checked(sig(OpType::BROADCAST, t, t.numel(), -1, root), hosts_->broadcast(t, root)));
   std::optional<comm::SharedBuffer> shared = sharedBuffer(t);
   return enqueue(OpType::BROADCAST, op, {t}, {t},
                  Op{op, false, {}, [=](comm::ShmGroup& g) {
@@ -159,7 +174,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::allreduce(std::vector<at::Tenso
   char* p = dataPtr(t);
   size_t n = commCount(t);
   if (hosts_) {
-    return enqueue(OpType::ALLREDUCE, op, {t}, {t}, hosts_->allreduce(t, r, opts.reduceOp));
+    return enqueue(OpType::ALLREDUCE, op, {t}, {t}, hosts_->checked(sig(OpType::ALLREDUCE, t, t.numel(), opts.reduceOp.op_),
+                                              hosts_->allreduce(t, r, opts.reduceOp)));
   }
   // Device memory is mappable by the peers: large all_reduces work on the
   // ranks' tensors directly.
@@ -189,7 +205,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::allreduce_coalesced(
   }
   if (hosts_) {
     return enqueue(OpType::ALLREDUCE_COALESCED, op, tensors, tensors,
-                   hosts_->allreduceCoalesced(tensors, opts.reduceOp));
+                   hosts_->checked(sig(OpType::ALLREDUCE_COALESCED, tensors[0], total(tensors),
+                                       opts.reduceOp.op_),
+                                   hosts_->allreduceCoalesced(tensors, opts.reduceOp)));
   }
   return enqueue(OpType::ALLREDUCE_COALESCED, op, tensors, tensors,
                  [parts](comm::ShmGroup& g) {
@@ -221,7 +239,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::reduce(std::vector<at::Tensor>&
   char* p = dataPtr(t);
   size_t n = commCount(t);
   int root = static_cast<int>(opts.rootRank);
-  if (hosts_) return enqueue(OpType::REDUCE, op, {t}, {t}, hosts_->reduce(t, opts));
+  if (hosts_) return enqueue(OpType::REDUCE, op, {t}, {t}, hosts_->checked(sig(OpType::REDUCE, t, t.numel(), opts.reduceOp.op_, opts.rootRank),
+                                   hosts_->reduce(t, opts)));
   return enqueue(OpType::REDUCE, op, {t}, {t},
                  Op{op, false, {}, [=](comm::ShmGroup& g) {
                       g.reduce(p, n, dt, r.op, root, r.factor);
@@ -242,7 +261,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::allgather(
   size_t n = byteCount(in);
   std::vector<at::Tensor> all = outs;
   all.push_back(in);
-  if (hosts_) return enqueue(OpType::ALLGATHER, op, all, outs, hosts_->allgather(outs, in));
+  if (hosts_) return enqueue(OpType::ALLGATHER, op, all, outs, hosts_->checked(sig(OpType::ALLGATHER, in, in.numel()),
+                                   hosts_->allgather(outs, in)));
   std::optional<comm::SharedBuffer> shared = sharedBuffer(in);
   return enqueue(OpType::ALLGATHER, op, all, outs,
                  Op{op, false, {}, [=](comm::ShmGroup& g) {
@@ -265,7 +285,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::_allgather_base(
   const char* src = dataPtr(input);
   if (hosts_) {
     return enqueue(OpType::_ALLGATHER_BASE, op, {input, output}, {output},
-                   hosts_->allgatherBase(output, input));
+                   hosts_->checked(sig(OpType::_ALLGATHER_BASE, input, input.numel()),
+                                   hosts_->allgatherBase(output, input)));
   }
   std::optional<comm::SharedBuffer> shared = sharedBuffer(input);
   return enqueue(OpType::_ALLGATHER_BASE, op, {input, output}, {output},
@@ -299,7 +320,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::allgather_into_tensor_coalesced
   }
   if (hosts_) {
     return enqueue(OpType::COALESCED, op, all, outputs,
-                   hosts_->allgatherIntoTensorCoalesced(outputs, inputs));
+                   hosts_->checked(sig(OpType::COALESCED, inputs[0], total(inputs)),
+                                   hosts_->allgatherIntoTensorCoalesced(outputs, inputs)));
   }
   return enqueue(OpType::COALESCED, op, all, outputs, [=](comm::ShmGroup& g) {
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -332,7 +354,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::allgather_coalesced(
   }
   if (hosts_) {
     return enqueue(OpType::ALLGATHER_COALESCED, op, all, outs,
-                   hosts_->allgatherCoalesced(outputs, inputs));
+                   hosts_->checked(sig(OpType::ALLGATHER_COALESCED, inputs[0], total(inputs)),
+                                   hosts_->allgatherCoalesced(outputs, inputs)));
   }
   return enqueue(OpType::ALLGATHER_COALESCED, op, all, outs, [=](comm::ShmGroup& g) {
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -363,7 +386,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::gather(
   }
   const char* src = dataPtr(in);
   size_t n = byteCount(in);
-  if (hosts_) return enqueue(OpType::GATHER, op, all, outs, hosts_->gather(outputs, in, opts));
+  if (hosts_) return enqueue(OpType::GATHER, op, all, outs, hosts_->checked(sig(OpType::GATHER, in, in.numel(), -1, opts.rootRank),
+                                   hosts_->gather(outputs, in, opts)));
   return enqueue(OpType::GATHER, op, all, outs,
                  Op{op, false, {}, [=](comm::ShmGroup& g) {
                       g.gather(src, n, dst.data(), root);
@@ -391,7 +415,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::scatter(
   }
   char* dst = dataPtr(out);
   size_t n = byteCount(out);
-  if (hosts_) return enqueue(OpType::SCATTER, op, all, {out}, hosts_->scatter(out, inputs, opts));
+  if (hosts_) return enqueue(OpType::SCATTER, op, all, {out}, hosts_->checked(sig(OpType::SCATTER, out, out.numel(), -1, opts.rootRank),
+                                   hosts_->scatter(out, inputs, opts)));
   return enqueue(OpType::SCATTER, op, all, {out},
                  Op{op, false, {}, [=](comm::ShmGroup& g) {
                       g.scatter(src.data(), n, dst, root);
@@ -422,7 +447,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::reduce_scatter(
   size_t n = commCount(out);
   if (hosts_) {
     return enqueue(OpType::REDUCE_SCATTER, op, all, {out},
-                   hosts_->reduceScatter(out, inputs[0], opts.reduceOp));
+                   hosts_->checked(sig(OpType::REDUCE_SCATTER, out, out.numel(), opts.reduceOp.op_),
+                                   hosts_->reduceScatter(out, inputs[0], opts.reduceOp)));
   }
   return enqueue(OpType::REDUCE_SCATTER, op, all, {out},
                  Op{op, false, {}, [=](comm::ShmGroup& g) {
@@ -454,7 +480,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::_reduce_scatter_base(
   char* dst = dataPtr(output);
   if (hosts_) {
     return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {input, output}, {output},
-                   hosts_->reduceScatterBase(output, input, opts.reduceOp));
+                   hosts_->checked(sig(OpType::_REDUCE_SCATTER_BASE, output, output.numel(),
+                                       opts.reduceOp.op_),
+                                   hosts_->reduceScatterBase(output, input, opts.reduceOp)));
   }
   std::optional<comm::SharedBuffer> shared = sharedBuffer(input);
   return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {input, output}, {output},
@@ -505,7 +533,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::reduce_scatter_tensor_coalesced
   }
   if (hosts_) {
     return enqueue(OpType::COALESCED, op, all, outputs,
-                   hosts_->reduceScatterTensorCoalesced(outputs, inputs, opts.reduceOp));
+                   hosts_->checked(
+                       sig(OpType::COALESCED, outputs[0], total(outputs), opts.reduceOp.op_),
+                       hosts_->reduceScatterTensorCoalesced(outputs, inputs, opts.reduceOp)));
   }
   return enqueue(OpType::COALESCED, op, all, outputs, [parts](comm::ShmGroup& g) {
     for (auto& p : parts) g.reduce_scatter(p.src.data(), p.dst, p.n, p.dt, p.r.op, p.r.factor);
@@ -561,7 +591,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::alltoall_base(
   }
   if (hosts_) {
     return enqueue(OpType::ALLTOALL_BASE, op, {source, output}, {output},
-                   hosts_->alltoallBase(output, source, output_split_sizes, input_split_sizes));
+                   hosts_->checked(sig(OpType::ALLTOALL_BASE, source, -1),
+                                   hosts_->alltoallBase(output, source, output_split_sizes,
+                                                        input_split_sizes)));
   }
   // Peers read this rank's input (or its copy) directly.
   std::optional<comm::SharedBuffer> shared = sharedBuffer(source);
@@ -598,7 +630,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::alltoall(std::vector<at::Tensor
     all.push_back(inputs[r]);
     all.push_back(outputs[r]);
   }
-  if (hosts_) return enqueue(OpType::ALLTOALL, op, all, outputs, hosts_->alltoall(outputs, inputs));
+  if (hosts_) return enqueue(OpType::ALLTOALL, op, all, outputs, hosts_->checked(sig(OpType::ALLTOALL, inputs[0], -1),
+                                   hosts_->alltoall(outputs, inputs)));
   size_t sent = 0;
   for (size_t x : sb) sent += x;
   return enqueue(OpType::ALLTOALL, op, all, outputs,
@@ -639,7 +672,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::barrier(const c10d::BarrierOpti
                             : opts.device.has_value() && opts.device->type() == kAxon
                                 ? resolve_index(*opts.device)
                                 : current_device();
-  OpBody body = hosts_ ? hosts_->barrier() : OpBody([](comm::ShmGroup& g) { g.barrier(); });
+  OpBody body = hosts_ ? hosts_->checked(sig(OpType::BARRIER, at::Tensor(), -1), hosts_->barrier()) : OpBody([](comm::ShmGroup& g) { g.barrier(); });
   auto work = runner_->run(device, OpType::BARRIER, op, {}, {},
                            Op{op, false, {}, std::move(body), true});
   if (!runner_->coalescing()) static_cast<WorkAxon*>(work.get())->hostWait();

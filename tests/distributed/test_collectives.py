@@ -628,3 +628,47 @@ def test_collectives_across_two_hosts():
             _teardown_netns()
     assert [r[1:] for r in results] == [(True, 0), (True, 1), (True, 0), (True, 1)]
     assert results[0][0] == results[3][0] and "p2p" in results[0][0]
+
+
+def _mismatch_across_hosts(rank, world):
+    _enter_host(rank * 2, world * 2, "host-id")  # one rank per host
+    dist.init_process_group("axon", timeout=datetime.timedelta(seconds=30))
+    dev = torch.device("axon", rank)
+    cases = {
+        "dtype": lambda g: dist.all_reduce(
+            torch.ones(4, device=dev, dtype=torch.float32 if rank == 0 else torch.int32), group=g),
+        "reduce op": lambda g: dist.all_reduce(
+            torch.ones(4, device=dev), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX,
+            group=g),
+        "elements": lambda g: dist.all_reduce(torch.ones(4 + rank, device=dev), group=g),
+        "kind": lambda g: (dist.all_reduce(torch.ones(4, device=dev), group=g) if rank == 0
+                           else dist.broadcast(torch.ones(4, device=dev), src=0, group=g)),
+        "root": lambda g: dist.broadcast(torch.ones(4, device=dev), src=rank, group=g),
+        "all_gather size": lambda g: dist.all_gather_into_tensor(
+            torch.empty(2 * (3 + rank), device=dev), torch.ones(3 + rank, device=dev), group=g),
+    }
+    errors = {}
+    for name, call in cases.items():
+        g = dist.new_group(list(range(world)))
+        try:
+            call(g)
+            torch.axon.synchronize()
+            errors[name] = None
+        except Exception as e:  # noqa: BLE001
+            errors[name] = f"{type(e).__name__}: {e}"
+    ok = torch.ones(4, device=dev)
+    dist.all_reduce(ok, group=dist.new_group(list(range(world))))  # matching calls still work
+    multi_host = dist.group.WORLD._get_backend(dev).multi_host
+    return errors, ok.cpu(), multi_host
+
+
+def test_mismatched_collectives_across_hosts_raise():
+    """Ranks on different hosts compare their calls' signatures before moving data (on
+    one host the shared-memory group does): a dtype, reduction, size, kind or root that
+    differs raises the same error on every rank, instead of wrong data, a hang or gloo
+    aborting the process."""
+    for errors, ok, multi_host in run_ranks(_mismatch_across_hosts, 2, timeout=300):
+        assert multi_host
+        for name, err in errors.items():
+            assert err is not None and "collectives do not match across ranks" in err, (name, err)
+        torch.testing.assert_close(ok, torch.full((4,), 2.0))
