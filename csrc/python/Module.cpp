@@ -103,6 +103,15 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_get_device_properties", &device_properties);
   m.def("_meta_for_axon", [] { return metaForAxon(); });
+  // reduce-overhead's graphs (integrations/torch_compile.py): every tensor on
+  // `t`'s storage raises `msg` when its data is used from now on (torch.cuda's
+  // _set_storage_data_ptr_access_error_msg, for a graph output a later replay
+  // overwrote).  The storage must not own its memory (it is released).
+  m.def("_invalidate_storage", [](const at::Tensor& t, std::string msg) {
+    c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+    TORCH_CHECK(s != nullptr, "_invalidate_storage: a tensor without storage");
+    s->release_data_and_set_meta_custom_data_ptr_error_msg_(std::move(msg));
+  });
   m.def("_launch_blocking", [] { return rt::launch_blocking(); });
   m.def("_in_bad_fork", [] { return rt::in_bad_fork(); });
   m.def("_check_device", [](int d) { check_device(static_cast<c10::DeviceIndex>(d)); });

@@ -74,9 +74,14 @@ def test_function_replays_and_matches_eager(backend, replays):
         torch.testing.assert_close(out.cpu(), _fn(x, w).cpu(), **tol(torch.float32, accum=True))
         torch.testing.assert_close(out.cpu(), _fn(x_cpu, w_cpu), **tol(torch.float32, accum=True))
         outs.append(out)
-    # Outputs of replays are the graph's memory: the next replay overwrites them.
-    assert outs[2].data_ptr() == outs[3].data_ptr() == outs[4].data_ptr()
+    # Outputs of replays are the graph's memory: the next replay overwrites them, and
+    # reading an earlier one raises (as cudagraph trees do) instead of giving the
+    # later run's values.
+    for old in outs[1:4]:
+        with pytest.raises(RuntimeError, match="overwritten by a subsequent run"):
+            old.cpu()
     assert outs[3] is not outs[4]  # new tensor objects for each call
+    torch.testing.assert_close(outs[4].cpu(), _fn(x_cpu, w_cpu), **tol(torch.float32, accum=True))
     assert torch.axon.AxonGraph in {type(g) for g in replays}
 
 
@@ -127,6 +132,7 @@ def test_training_step_matches_eager(replays):
         assert len(replays) == 2 * step, step
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.cpu(), q.cpu(), **tol(torch.float32, accum=True))
+    opt.zero_grad(set_to_none=True)
     # Two forwards before the first backward: the second replay rewrote the
     # activations the first backward needs; autograd says so instead of
     # computing with the second input's activations.
@@ -336,3 +342,28 @@ class _Node:
     def __init__(self, name):
         self.name = name
         self.users = {}
+
+
+def test_reading_an_output_a_later_replay_overwrote_raises(replays):
+    """A replay rewrites the graph's output memory: an output of an earlier call (a
+    Siamese encoder's first embedding) read after the next call raises, as cudagraph
+    trees do, instead of silently holding the next call's values; a clone made before
+    the next call, and views of the latest output, stay good."""
+    w = torch.randn(16, 16, device=DEV)
+    compiled = torch.compile(_fn, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):  # warm up, record
+        compiled(torch.randn(8, 16, device=DEV), w)
+    x1, x2 = torch.randn(8, 16, device=DEV), torch.randn(8, 16, device=DEV)
+    e1 = compiled(x1, w)
+    row = e1[0]
+    kept = e1.clone()
+    e2 = compiled(x2, w)
+    for stale in (e1, row):
+        with pytest.raises(RuntimeError, match="overwritten by a subsequent run"):
+            stale.cpu()
+    torch.testing.assert_close(kept.cpu(), _fn(x1, w).cpu(), **tol(torch.float32, accum=True))
+    torch.testing.assert_close(e2.cpu(), _fn(x2, w).cpu(), **tol(torch.float32, accum=True))
+    torch.testing.assert_close(e2[1].cpu(), _fn(x2, w)[1].cpu(), **tol(torch.float32, accum=True))
+    torch._dynamo.reset()  # the graph and its memory go: its last outputs cannot be read
+    with pytest.raises(RuntimeError, match="overwritten by a subsequent run"):
+        e2.cpu()

@@ -120,15 +120,15 @@ def batch_norm_statistics_like_cpu(decompositions) -> None:
 #   the graph is skipped with Inductor's "skipping cudagraphs due to ..." message
 #   and the compiled code runs without a graph.
 #
-# Outputs: as Inductor's non-tree implementation, outputs live in the graph's
-# memory and the next replay of the same graph overwrites them; each call
-# returns new tensor objects (aliases) for them, and a replay bumps their
-# autograd version counter, so an output saved for a backward that a later
-# replay overwrote makes that backward raise instead of computing with
-# overwritten values (cudagraph trees raise on any access to an overwritten
-# output; that bookkeeping is not reproduced).  Clone an output to keep it
-# across calls.  ``torch.compiler.cudagraph_mark_step_begin()`` is accepted and
-# not needed.
+# Outputs: outputs live in the graph's memory and the next replay of the same
+# graph overwrites them.  Each call returns new tensors on storages of their
+# own that alias that memory without owning it; the next replay (or the
+# graph's release) invalidates those storages, so reading an earlier output,
+# or a view of it, raises "overwritten by a subsequent run" as cudagraph trees
+# do, and a replay bumps the version counter of the graph's outputs (an
+# output saved for a backward that a later replay overwrote makes that
+# backward raise).  Clone an output to keep it across calls.
+# ``torch.compiler.cudagraph_mark_step_begin()`` is accepted and not needed.
 
 _SKIP = "skipping cudagraphs due to "
 
@@ -423,6 +423,13 @@ class _AxonGraphed:
         return entry.run(inputs)
 
 
+_OVERWRITTEN = (
+    "Error: accessing tensor output of an axon graph (torch.compile mode='reduce-overhead') "
+    "that has been overwritten by a subsequent run. To prevent overwriting, clone the tensor "
+    "outside of torch.compile(). A gradient the compiled backward returned is such an output: "
+    "set .grad to None before each backward (zero_grad(set_to_none=True)), or allocate .grad "
+    "outside the compiled backward to accumulate gradients.")
+
 _WARM = object()
 _NO_GRAPH = object()
 
@@ -467,6 +474,9 @@ class _Recording:
                           if isinstance(x, tensor)}
         self.owned = [o for o in self.outputs if isinstance(o, tensor)
                       and o.untyped_storage().data_ptr() not in input_storages]
+        owned_ids = {id(o) for o in self.owned}
+        self.owned_idxs = [i for i, o in enumerate(self.outputs) if id(o) in owned_ids]
+        self.handed_out = []  # weak references to the storages the last run returned
         self.run = self._run_checked if cfx.config.size_asserts else self._run
 
     def static_inputs_stable(self, inputs) -> bool:
@@ -486,16 +496,59 @@ class _Recording:
         inputs.clear()
         if self.owned:
             torch._C._increment_version(self.owned)
+        self._invalidate_handed_out()
         self.graph.replay()
-        return [o.detach() if isinstance(o, torch.Tensor) else o for o in self.outputs]
+        return self._hand_out()
+
+    def _hand_out(self):
+        """The outputs, those in the graph's memory on storages of this run's own (not
+        owning the memory), which the next replay invalidates: as cudagraph trees, a
+        program that reads an output after the next run (which overwrote it) gets an
+        error, not the next run's values."""
+        import torch
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        out = [o.detach() if isinstance(o, torch.Tensor) else o for o in self.outputs]
+        fresh = {}
+        for i in self.owned_idxs:
+            o = self.outputs[i]
+            storage = o.untyped_storage()
+            key = storage.data_ptr()
+            if key not in fresh:
+                fresh[key] = torch._C._construct_storage_from_data_pointer(
+                    key, o.device, storage.nbytes())
+            out[i] = torch.empty(0, dtype=o.dtype, device=o.device).set_(
+                fresh[key], o.storage_offset(), o.size(), o.stride())
+        self.handed_out = [StorageWeakRef(st) for st in fresh.values()]
+        return out
+
+    def _invalidate_handed_out(self) -> None:
+        import torch
+
+        from .. import _C
+
+        for ref in self.handed_out:
+            if ref.expired():
+                continue
+            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+            holder = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+            _C._invalidate_storage(holder, _OVERWRITTEN)
+        self.handed_out = []
 
     def _run_checked(self, inputs):
         assert len(inputs) == len(self.static_inputs)
         return self._run(inputs)
 
     def close(self) -> None:
+        self._invalidate_handed_out()  # their memory goes back to the pool
         self.graph.reset()
         self.outputs = self.owned = self.static_inputs = []
+
+    def __del__(self) -> None:
+        try:
+            self._invalidate_handed_out()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
 
 @on_import("torch._prims.rng_prims")
