@@ -327,6 +327,21 @@ void sparseFallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/)
 void sparseCsrFallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
   sparse_unsupported(op_name(op.schema()), c10::kSparseCsr);
 }
+// Nested tensors of the strided layout (NestedTensorImpl) have no
+// NestedTensorPrivateUse1 kernels: every op on one stops here, with the way
+// that works (the jagged layout is a Python subclass over ordinary axon
+// tensors).
+void nestedFallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, "Could not run '", op_name(op.schema()),
+      "' on axon: it takes a nested tensor of the strided layout, which axon does not "
+      "support (no NestedTensorPrivateUse1 kernels). Use the jagged layout "
+      "(torch.nested.nested_tensor(..., layout=torch.jagged) or nested.as_nested_tensor(..., "
+      "layout=torch.jagged)), which works on axon, or keep strided nested tensors on the CPU.");
+}
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&nestedFallback>());
+}
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparseFallback>());
 }

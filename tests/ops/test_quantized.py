@@ -153,3 +153,25 @@ def test_sparse_tensors_are_refused_with_a_clear_error(case):
         SPARSE_CASES[case]()
     x = make((4, 3), torch.float32, seed=1)
     assert_same(x.to(AXON) * 2, x * 2)
+
+
+NESTED_CASES = {
+    "cpu_nested_to_axon": lambda: torch.nested.nested_tensor(
+        [torch.ones(2, 3), torch.ones(4, 3)]).to(AXON),
+    "op_on_axon_nested": lambda: torch.nested.nested_tensor(
+        [torch.ones(2, 3), torch.ones(4, 3)], device=AXON).relu(),
+    "axon_nested_to_cpu": lambda: torch.nested.nested_tensor(
+        [torch.ones(2, 3), torch.ones(4, 3)], device=AXON).cpu(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NESTED_CASES))
+def test_strided_nested_tensors_are_refused_and_jagged_ones_work(case):
+    # strided-layout nested tensors (NestedTensorImpl) have no axon kernels: each op says
+    # so and names the jagged layout, which works (compared with the CPU)
+    with pytest.raises(NotImplementedError, match="nested tensor of the strided layout"):
+        NESTED_CASES[case]()
+    parts = [make((2, 3), torch.float32, seed=1), make((4, 3), torch.float32, seed=2)]
+    jagged = torch.nested.nested_tensor(parts, layout=torch.jagged)
+    got = (jagged.to(AXON).relu() * 2).to_padded_tensor(0.0)
+    assert_same(got, (jagged.relu() * 2).to_padded_tensor(0.0))
