@@ -908,3 +908,20 @@ def test_compiled_checkpoint_with_random_ops_matches_eager(use_sdpa_dropout):
             results[name] = (out.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu())
     for got, want in zip(results["compiled"], results["eager"]):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_cpp_wrapper_and_aotinductor_say_they_are_not_supported(tmp_path):
+    """Inductor's C++ wrapper is not built for axon: cpp_wrapper=True and AOTInductor raise
+    a NotImplementedError saying so (not Inductor's "Device axon not supported" assertion),
+    and the default wrapper still compiles."""
+    m = nn.Linear(4, 4).to("axon")
+    x = torch.randn(2, 4, device="axon")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="axon: Inductor's C\\+\\+ wrapper is not supported"):
+        torch.compile(m, options={"cpp_wrapper": True})(x)
+    ep = torch.export.export(m, (x,))
+    with pytest.raises(Exception, match="AOTInductor"):
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "m.pt2"))
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(m)(x).cpu(), m(x).cpu())
+    torch.testing.assert_close(ep.module()(x).cpu(), m(x).cpu())

@@ -282,6 +282,22 @@ def _patch_lowerings_device_type() -> None:
 _registered = False
 
 
+class _NoCppWrapper:
+    """Inductor's C++ wrapper (``cpp_wrapper=True``, AOTInductor) for axon: not
+    built.  Registered so that asking for it says so, instead of Inductor's
+    "Device axon not supported" assertion."""
+
+    supports_caching = False
+
+    @classmethod
+    def create(cls, *args, **kwargs):
+        raise NotImplementedError(
+            "axon: Inductor's C++ wrapper is not supported, so neither are "
+            "torch.compile(options={'cpp_wrapper': True}) and AOTInductor "
+            "(torch._inductor.aoti_compile_and_package). Use torch.compile without "
+            "cpp_wrapper, or run a torch.export program with ExportedProgram.module().")
+
+
 def register() -> None:
     """Make Inductor compile graphs on axon tensors (idempotent)."""
     global _registered
@@ -299,4 +315,5 @@ def register() -> None:
     _flex_attention.install_lowering()
     register_device_op_overrides("axon", AxonDeviceOpOverrides())
     register_backend_for_device("axon", AxonScheduling, AxonWrapperCodegen,
+                                device_cpp_wrapper_codegen=_NoCppWrapper,
                                 device_custom_pass=AxonCachePass())
