@@ -53,6 +53,7 @@ TOL = {
     torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2),
     torch.float16: dict(rtol=1e-3, atol=1e-3),
     torch.complex64: dict(rtol=1e-5, atol=1e-5),
+    torch.complex128: dict(rtol=1e-7, atol=1e-7),
 }
 # Reductions and matmuls accumulate: low-precision results may differ by one
 # or two units in the last place after a different summation order.
@@ -61,6 +62,8 @@ TOL_ACCUM = {
     torch.float64: dict(rtol=1e-7, atol=1e-7),
     torch.bfloat16: dict(rtol=3e-2, atol=3e-2),
     torch.float16: dict(rtol=5e-3, atol=5e-3),
+    torch.complex64: dict(rtol=1e-4, atol=1e-4),  # as their float parts
+    torch.complex128: dict(rtol=1e-7, atol=1e-7),
 }
 
 
