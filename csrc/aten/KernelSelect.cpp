@@ -775,18 +775,16 @@ bool deterministic() {
 
 Mode mode() {
   const int o = mode_override.load(std::memory_order_relaxed);
-  if (o >= 0) return static_cast<Mode>(o);
   static const Mode env = envMode();
-  if (env == Mode::kAuto && deterministic()) return Mode::kOwn;
-  return env;
+  const Mode m = o >= 0 ? static_cast<Mode>(o) : env;
+  return m == Mode::kAuto && deterministic() ? Mode::kOwn : m;
 }
 
 ThreadsMode threadsMode() {
   const int o = threads_override.load(std::memory_order_relaxed);
-  if (o >= 0) return static_cast<ThreadsMode>(o);
   static const ThreadsMode env = envThreadsMode();
-  if (env == ThreadsMode::kAuto && deterministic()) return ThreadsMode::kTeam;
-  return env;
+  const ThreadsMode t = o >= 0 ? static_cast<ThreadsMode>(o) : env;
+  return t == ThreadsMode::kAuto && deterministic() ? ThreadsMode::kTeam : t;
 }
 
 namespace {

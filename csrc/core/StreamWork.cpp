@@ -114,8 +114,12 @@ void setKernelThreads(int threads) {
   }
 }
 
-KernelThreadsScope::KernelThreadsScope(int threads) : saved_(omp_get_max_threads()) {
+KernelThreadsScope::KernelThreadsScope(int threads) : saved_(0) {
+  // kernelTeamSize() first: on a thread's first use it runs ATen's lazy
+  // per-thread OpenMP setup, whose result is the one to restore.
   const int all = kernelTeamSize();
+  (void)at::get_num_threads();
+  saved_ = omp_get_max_threads();
   const int want = threads > 0 ? std::min(threads, all) : all;
   if (want == saved_) return;
   changed_ = true;

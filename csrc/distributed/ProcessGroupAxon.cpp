@@ -19,10 +19,13 @@ namespace at::axon {
 
 namespace {
 // A multi-host call's signature (HostHierarchy::checked): op type, dtype,
-// elements, reduction, root; -1 where not compared.
+// elements, reduction, root (-1 where not compared), memory format.
 std::vector<int64_t> sig(c10d::OpType type, const at::Tensor& t, int64_t elements,
                          int64_t reduce = -1, int64_t root = -1) {
-  return {static_cast<int64_t>(type), t.defined() ? dtypeTag(t) : -1, elements, reduce, root};
+  const int64_t format =
+      !t.defined() || t.is_contiguous() ? 0 : static_cast<int64_t>(t.suggest_memory_format());
+  return {static_cast<int64_t>(type), t.defined() ? dtypeTag(t) : -1, elements, reduce, root,
+          format};
 }
 
 int64_t total(const std::vector<at::Tensor>& ts) {
@@ -161,6 +164,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::allreduce(std::vector<at::Tenso
                                                            const c10d::AllreduceOptions& opts) {
   const char* op = "all_reduce";
   if (Premul pm = premul(opts.reduceOp, tensors); pm.active) {
+    singleTensor(tensors, op);  // the checks before the tensor changes
     for (const at::Tensor& t : tensors) pm.scale_(t);  // in place: the result overwrites it
     c10d::AllreduceOptions sum = opts;
     sum.reduceOp = kSum;
@@ -191,6 +195,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupAxon::allreduce_coalesced(
   const char* op = "all_reduce_coalesced";
   TORCH_CHECK(!tensors.empty(), "ProcessGroupAxon: ", op, " needs at least one tensor");
   if (Premul pm = premul(opts.reduceOp, tensors); pm.active) {
+    for (const at::Tensor& t : tensors) checkTensor(t, op);  // before the tensors change
     for (const at::Tensor& t : tensors) pm.scale_(t);
     c10d::AllreduceCoalescedOptions sum = opts;
     sum.reduceOp = kSum;

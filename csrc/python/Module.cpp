@@ -106,7 +106,7 @@ PYBIND11_MODULE(_C, m) {
   // reduce-overhead's graphs (integrations/torch_compile.py): every tensor on
   // `t`'s storage raises `msg` when its data is used from now on (torch.cuda's
   // _set_storage_data_ptr_access_error_msg, for a graph output a later replay
-  // overwrote).  The storage must not own its memory (it is released).
+  // overwrote).  For storages that do not own their memory.
   m.def("_invalidate_storage", [](const at::Tensor& t, std::string msg) {
     c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
     TORCH_CHECK(s != nullptr, "_invalidate_storage: a tensor without storage");

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 
+import gc
+
 import pytest
 import torch
 import torch.nn as nn
@@ -365,5 +367,6 @@ def test_reading_an_output_a_later_replay_overwrote_raises(replays):
     torch.testing.assert_close(e2.cpu(), _fn(x2, w).cpu(), **tol(torch.float32, accum=True))
     torch.testing.assert_close(e2[1].cpu(), _fn(x2, w)[1].cpu(), **tol(torch.float32, accum=True))
     torch._dynamo.reset()  # the graph and its memory go: its last outputs cannot be read
+    gc.collect()
     with pytest.raises(RuntimeError, match="overwritten by a subsequent run"):
         e2.cpu()

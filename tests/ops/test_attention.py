@@ -439,6 +439,15 @@ def test_sdpa_kernel_context_chooses_the_backend():
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         with pytest.raises(RuntimeError, match="No viable backend for scaled_dot_product_attention"):
             F.scaled_dot_product_attention(q, k, v)
+    # fused backends only, inputs the fused kernel does not take (3-D): an error, as
+    # CUDA's, not the disabled math path
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with pytest.raises(RuntimeError, match="No available kernel"):
+            F.scaled_dot_product_attention(q[0], k[0], v[0])
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
+        out = F.scaled_dot_product_attention(q[0], k[0], v[0])
+    torch.testing.assert_close(out.detach().cpu(), F.scaled_dot_product_attention(
+        q[0].detach().cpu(), k[0].detach().cpu(), v[0].detach().cpu()), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("transform", ["vmap", "vmap_grad", "jacfwd", "dual"])

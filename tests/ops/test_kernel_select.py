@@ -524,7 +524,7 @@ def test_deterministic_algorithms_give_the_same_bits_every_call_and_process(tmp_
     env = {"AXON_CACHE_DIR": str(tmp_path)}
     outputs = []
     for deterministic, extra in (("1", {}), ("0", {}), ("1", {}),
-                                 ("1", {"AXON_KERNEL_THREADS": "auto"})):
+                                 ("1", {"AXON_KERNEL_SELECT": "own"})):
         code = _DETERMINISTIC_RUN.replace("sys.argv[1]", repr(deterministic))
         code = "import os; os.environ['AXON_KERNEL_SELECT_CACHE'] = '1'\n" + code  # persisted
         r = _python(code, timeout=300, **env, **extra)

@@ -259,3 +259,34 @@ def test_fused_adamw_channels_last_conv_trains_like_cpu():
 
     for a, c in zip(run("axon"), run("cpu")):
         torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("decoupled", [False, True], ids=["adam", "adamw"])
+def test_fused_adam_size_one_dimensions_with_other_strides(decoupled):
+    """A (5, 1) parameter's gradient may have other strides in its size-1 dimension (the
+    layout contract allows it): both are contiguous and walk flat (this recursed forever
+    when the stride vectors alone decided)."""
+    def run(device):
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(make((5, 1), torch.float32, seed=1).to(device))
+        x = make((3, 5), torch.float32, seed=2).to(device)
+        (x * p.t()).square().sum().backward()
+        opt = (torch.optim.AdamW if decoupled else torch.optim.Adam)([p], lr=0.1, fused=True)
+        opt.step()
+        return p.detach().cpu(), p.grad.stride()
+
+    (pa, stride), (pc, _) = run("axon"), run("cpu")
+    torch.testing.assert_close(pa, pc, atol=1e-6, rtol=1e-6)
+    for grad_strides in ((1, 5), (1, 1)):  # and directly, whatever autograd gave
+        p = make((5, 1), torch.float32, seed=3).axon()
+        g = torch.empty_strided((5, 1), grad_strides, device="axon").copy_(
+            make((5, 1), torch.float32, seed=4))
+        ref_p = make((5, 1), torch.float32, seed=3)
+        fused = torch._fused_adamw_ if decoupled else torch._fused_adam_
+        for t, gt in ((p, g), (ref_p, make((5, 1), torch.float32, seed=4))):
+            dev = t.device
+            fused([t], [gt], [torch.zeros_like(t)], [torch.zeros_like(t)], [],
+                  [torch.ones((), device=dev)], lr=0.1, beta1=0.9, beta2=0.99,
+                  weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False,
+                  grad_scale=None, found_inf=None)
+        torch.testing.assert_close(p.cpu(), ref_p, atol=1e-6, rtol=1e-6)

@@ -151,14 +151,30 @@ class _AxonDeviceProperties:
 
 
 def _l2_bytes_per_core() -> int:
-    try:
-        with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as f:
-            text = f.read().strip()
-    except OSError:
-        return 0
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
-    digits = text.rstrip("KkMmGg")
-    return int(digits) * scale if digits.isdigit() else 0
+    """The L2 cache of one core: the level-2 cache of cpu0 over the CPUs sharing it."""
+    import glob
+
+    for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            with open(f"{index}/level") as f:
+                if f.read().strip() != "2":
+                    continue
+            with open(f"{index}/size") as f:
+                text = f.read().strip()
+            with open(f"{index}/shared_cpu_list") as f:
+                shared = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KkMmGg")
+        if not digits.isdigit():
+            return 0
+        cpus = 0
+        for part in shared.split(","):
+            lo, _, hi = part.partition("-")
+            cpus += int(hi) - int(lo) + 1 if hi else 1
+        return int(digits) * scale // max(1, cpus)
+    return 0
 
 
 @functools.lru_cache(maxsize=None)

@@ -124,10 +124,11 @@ def batch_norm_statistics_like_cpu(decompositions) -> None:
 # graph overwrites them.  Each call returns new tensors on storages of their
 # own that alias that memory without owning it; the next replay (or the
 # graph's release) invalidates those storages, so reading an earlier output,
-# or a view of it, raises "overwritten by a subsequent run" as cudagraph trees
-# do, and a replay bumps the version counter of the graph's outputs (an
-# output saved for a backward that a later replay overwrote makes that
-# backward raise).  Clone an output to keep it across calls.
+# or a view of it (also as saved for a backward), raises "overwritten by a
+# subsequent run" as cudagraph trees do; such outputs cannot be resized.
+# Outputs that alias a static input keep that input's storage: a replay bumps
+# their version counter, so a backward that saved one raises.  Clone an
+# output to keep it across calls.
 # ``torch.compiler.cudagraph_mark_step_begin()`` is accepted and not needed.
 
 _SKIP = "skipping cudagraphs due to "
@@ -469,7 +470,8 @@ class _Recording:
             outputs = (outputs,)
         self.outputs = list(outputs)
         # Outputs in the graph's memory (not views of an input): a replay
-        # rewrites them, which their version counter records.
+        # rewrites them; they are handed out on storages of their own
+        # (_hand_out), which the next replay invalidates.
         input_storages = {x.untyped_storage().data_ptr() for x in self.static_inputs
                           if isinstance(x, tensor)}
         self.owned = [o for o in self.outputs if isinstance(o, tensor)

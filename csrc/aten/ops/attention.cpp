@@ -48,9 +48,25 @@ k::Strides4 strides4(const at::Tensor& t) {
 // converted to additive ones); else PyTorch's math path.
 }  // namespace
 
+int64_t fusedSdpChoiceFor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& mask, bool enable_gqa);
+
 int64_t fusedSdpChoice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double /*dropout_p*/,
                          bool /*is_causal*/, std::optional<double> /*scale*/, bool enable_gqa) {
+  const int64_t choice = fusedSdpChoiceFor(q, k, v, mask, enable_gqa);
+  // Math disabled (sdpa_kernel with fused backends only) and the fused kernel
+  // cannot take these inputs: PyTorch's error, not math anyway.
+  TORCH_CHECK(choice != static_cast<int64_t>(at::SDPBackend::math) ||
+                  at::globalContext().userEnabledMathSDP(),
+              "No available kernel. Aborting execution. (axon's fused attention kernel takes "
+              "4-D query, key and value of one dtype (float32, bfloat16, float16) with matching "
+              "sizes; the math backend, which takes the rest, is disabled)");
+  return choice;
+}
+
+int64_t fusedSdpChoiceFor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& mask, bool enable_gqa) {
   // torch.nn.attention.sdpa_kernel: axon's fused kernel stands for the fused
   // backends (overrideable, flash, memory-efficient); math for math.  With
   // none of them enabled, PyTorch's error.

@@ -46,6 +46,18 @@ void unscale(k::DType dt, int64_t n, void* g, float scale) {
   }
 }
 
+// Whether t's elements lie in memory in the same order as p's, densely: a
+// flat walk over both pairs them up.  Strides of size-1 dimensions do not
+// matter (a gradient's may differ from its parameter's).
+bool sameMemoryOrder(const at::Tensor& t, const at::Tensor& p) {
+  if (t.is_contiguous() && p.is_contiguous()) return true;
+  if (!t.is_non_overlapping_and_dense() || !p.is_non_overlapping_and_dense()) return false;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) != 1 && t.stride(d) != p.stride(d)) return false;
+  }
+  return true;
+}
+
 void fused_adam_impl(const char* name, at::TensorList params, at::TensorList grads,
                      at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                      at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr,
@@ -91,10 +103,14 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
                   name, ": parameters, gradients and states must have one dtype and size, got ",
                   t->scalar_type(), " ", t->sizes(), " for a parameter of ",
                   params[i].scalar_type(), " ", params[i].sizes());
-      flat = flat && t->is_non_overlapping_and_dense() && t->strides() == params[i].strides();
+      flat = flat && sameMemoryOrder(*t, params[i]);
     }
   }
   if (!flat) {
+    thread_local bool retrying = false;  // the copies below always walk flat
+    TORCH_INTERNAL_ASSERT(!retrying, name, ": contiguous copies did not walk flat");
+    // Contiguous tensors walk flat in their logical order: the same order for
+    // all of them, so the call below takes the flat path (sameMemoryOrder).
     auto dense = [](at::TensorList list) {
       std::vector<at::Tensor> out;
       out.reserve(list.size());
@@ -106,8 +122,15 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
     const std::vector<at::Tensor> p = dense(params), g = dense(grads), m = dense(exp_avgs),
                                   v = dense(exp_avg_sqs),
                                   vmax = dense(amsgrad ? max_exp_avg_sqs : at::TensorList());
-    fused_adam_impl(name, p, g, m, v, vmax, steps, lr, lr_tensor, beta1, beta2, weight_decay, eps,
-                    amsgrad, maximize, grad_scale, found_inf, decoupled);
+    retrying = true;
+    try {
+      fused_adam_impl(name, p, g, m, v, vmax, steps, lr, lr_tensor, beta1, beta2, weight_decay,
+                      eps, amsgrad, maximize, grad_scale, found_inf, decoupled);
+    } catch (...) {
+      retrying = false;
+      throw;
+    }
+    retrying = false;
     auto write_back = [](at::TensorList to, const std::vector<at::Tensor>& from) {
       for (size_t i = 0; i < from.size(); ++i) {
         if (!from[i].is_same(to[i])) to[i].copy_(from[i]);
