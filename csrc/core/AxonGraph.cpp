@@ -102,6 +102,14 @@ class AxonGraphImpl final : public at::GraphImplInterface {
     TORCH_CHECK(has_graph_, "Called AxonGraph::replay without a preceding successful capture.");
     const c10::Stream stream = getCurrentAxonStream(device_);
     const rt::Stream s = to_rt(stream);
+    // Replays of one graph run one after another, as launches of one CUDA
+    // graph exec do: they share the graph's memory and its random-number
+    // slots, which a replay on another stream would rewrite under this one.
+    for (const auto& [sid, done] : replayed_) {
+      if (sid != stream.id() && done != nullptr) {
+        rt_call([&] { rt::stream_wait_event(s, done); });
+      }
+    }
     if (std::function<void()> reseed = rng_->prepareReplay()) {
       rt_call([&] { rt::launch(s, "graph replay: rng", std::move(reseed)); });
     }

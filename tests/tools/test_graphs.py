@@ -494,3 +494,29 @@ def test_make_graphed_transformer_layer_with_dropout_trains_like_eager():
                            [p.grad.cpu() for p in model.parameters()])
         for got, want in zip(results[1], results[0]):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_replays_on_two_streams_run_one_after_another():
+    """Replays of one graph share its memory and its random-number state: a replay on
+    another stream waits for the previous one (as launches of one CUDA graph exec are
+    ordered); run at once, the two would write each other's intermediates and draw
+    from generators the other reseeded."""
+    x = torch.ones(1 << 20, device=DEV)
+
+    def chain():
+        y = F.dropout(x, 0.5)
+        for _ in range(24):
+            y = y * 1.001 + 0.5
+        return y
+
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g):
+        out = chain()
+    torch.axon.manual_seed(21)
+    for s in (torch.axon.Stream(), torch.axon.Stream()):
+        with torch.axon.stream(s):
+            g.replay()
+    torch.axon.synchronize()
+    torch.axon.manual_seed(21)
+    chain()
+    torch.testing.assert_close(out.cpu(), chain().cpu(), atol=0, rtol=0)  # the second's
