@@ -90,9 +90,9 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
     const float* step;
   };
   // The kernel walks each tensor's memory flat: it takes a group (parameter,
-  // gradient, states) as it is when all of them are dense with the
-  // parameter's strides (contiguous, channels_last, ...); otherwise it works
-  // on contiguous copies, written back after the step (stream-ordered).
+  // gradient, states) as it is when all of them lie in the parameter's memory
+  // order (sameMemoryOrder: contiguous, channels_last, ...); otherwise it
+  // works on contiguous copies, written back after the step (stream-ordered).
   bool flat = true;
   for (size_t i = 0; i < n; ++i) {
     std::vector<const at::Tensor*> group = {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]};
