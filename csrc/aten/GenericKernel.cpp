@@ -315,18 +315,73 @@ std::optional<int> without_meta(const c10::FunctionSchema& schema) {
 // CPU's layout, so that what the program can observe (strides, whether a
 // later reshape is a view) is the CPU's.  kIterator: TensorIterator's
 // (dimensions ordered as the inputs' strides say; the Meta kernels are
-// Python decompositions that make dense results); kContiguous.
-enum class Layout { kIterator, kContiguous };
+// Python decompositions that make dense results); kContiguous; kConvolution:
+// the result (convolution_backward: grad_input and grad_weight) in the
+// memory format of the CPU's backend (convMemoryFormat; the Meta kernel,
+// like the fake kernel for other backends, lays the forward out contiguous).
+enum class Layout { kIterator, kContiguous, kConvolution };
 std::optional<Layout> cpu_layout(const c10::FunctionSchema& schema) {
   static const std::unordered_map<std::string, Layout> ops = {
       {"aten::floor_divide", Layout::kIterator},
       {"aten::hardswish_backward", Layout::kIterator},
       {"aten::rrelu_with_noise", Layout::kContiguous},
-      {"aten::log_sigmoid_forward", Layout::kContiguous}};
+      {"aten::log_sigmoid_forward", Layout::kContiguous},
+      {"aten::convolution", Layout::kConvolution},
+      {"aten::convolution_backward", Layout::kConvolution}};
   if (!schema.overload_name().empty()) return std::nullopt;
   const auto it = ops.find(schema.name());
   if (it == ops.end()) return std::nullopt;
   return it->second;
+}
+
+int64_t int_of(const c10::IValue& v) {
+  return v.isInt() ? v.toInt() : v.toSymInt().guard_int(__FILE__, __LINE__);
+}
+std::vector<int64_t> ints_of(const c10::IValue& v) {
+  std::vector<int64_t> out;
+  for (const c10::IValue& e : v.toListRef()) out.push_back(int_of(e));
+  return out;
+}
+
+// Restrides convolution's (or its backward's) meta results as the CPU lays
+// them out.
+void apply_conv_layout(const c10::FunctionSchema& schema, const torch::jit::Stack& a,
+                       torch::jit::Stack& results) {
+  const bool backward = schema.name() == "aten::convolution_backward";
+  const size_t in = backward ? 1 : 0;  // input, weight, then bias (sizes), stride, ...
+  if (a.size() < in + 9 || !a[in].isTensor() || !a[in + 1].isTensor()) return;
+  const at::Tensor& input = a[in].toTensor();
+  const at::Tensor& weight = a[in + 1].toTensor();
+  if (!input.defined() || !weight.defined()) return;
+  std::optional<std::vector<int64_t>> bias_sizes;
+  if (backward && a[in + 2].isList()) bias_sizes = ints_of(a[in + 2]);
+  const auto ints = [&](size_t i) { return ints_of(a[i]); };
+  const at::MemoryFormat format = convMemoryFormat(
+      input.sizes(), input.strides(), weight.sizes(), weight.strides(), input.scalar_type(),
+      bias_sizes.has_value() ? std::optional<IntArrayRef>(*bias_sizes) : std::nullopt,
+      ints(in + 3), ints(in + 4), ints(in + 5), a[in + 6].toBool(), ints(in + 7),
+      int_of(a[in + 8]));
+  const size_t n = backward ? std::min<size_t>(2, results.size()) : std::min<size_t>(1, results.size());
+  for (size_t r = 0; r < n; ++r) {
+    if (!results[r].isTensor() || !results[r].toTensor().defined()) continue;
+    const at::Tensor& m = results[r].toTensor();
+    std::vector<int64_t> strides = stridesForFormat(m.sizes(), format);
+    if (input.dim() > 0 && input.size(0) == 0) {
+      // An empty batch (ATen's Empty backend): the forward is input *
+      // weight[0] viewed to the result's sizes (the input's strides where the
+      // sizes are the input's), the backward zeros_like(input / weight).
+      const at::Tensor& like = backward && r == 1 ? weight : input;
+      const auto c = c10::contiguous_strides(m.sizes());
+      strides.assign(c.begin(), c.end());
+      if (like.sizes() == m.sizes() && like.is_non_overlapping_and_dense()) {
+        strides.assign(like.strides().begin(), like.strides().end());
+      }
+    }
+    if (m.strides() == IntArrayRef(strides)) continue;
+    results[r] = at::detail::empty_strided_meta(m.sizes(), strides, m.scalar_type(),
+                                                std::nullopt, c10::Device(c10::kMeta),
+                                                std::nullopt);
+  }
 }
 
 // Restrides a meta result as cpu_layout says (same sizes and dtype).
@@ -498,7 +553,9 @@ void genericStreamKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
     }
   }
 
-  if (layout.has_value() && plan.kind == OpPlan::Kind::kFunctional &&
+  if (layout == Layout::kConvolution) {
+    if (plan.kind == OpPlan::Kind::kFunctional) apply_conv_layout(schema, meta_args, meta);
+  } else if (layout.has_value() && plan.kind == OpPlan::Kind::kFunctional &&
       (meta.size() == 1 || *layout == Layout::kContiguous)) {
     for (c10::IValue& r : meta) {
       if (!r.isTensor()) continue;

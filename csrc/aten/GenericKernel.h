@@ -44,4 +44,22 @@ struct MetaForAxon {
 };
 bool metaForAxon();
 
+// The memory format ATen's CPU convolution gives its result (and
+// convolution_backward its grad_input and grad_weight) for arguments of these
+// sizes, strides and dtypes on this machine: channels_last where the backend
+// the CPU picks (oneDNN, the slow 2-D kernels) follows a channels_last input
+// or weight.  From metadata only (ops/convolution.cpp); the generic kernel
+// lays axon's results out so, and torch.compile's fake convolutions on axon
+// follow it (integrations/torch_compile.py).
+at::MemoryFormat convMemoryFormat(IntArrayRef input_sizes, IntArrayRef input_strides,
+                                  IntArrayRef weight_sizes, IntArrayRef weight_strides,
+                                  c10::ScalarType dtype, std::optional<IntArrayRef> bias_sizes,
+                                  IntArrayRef stride, IntArrayRef padding, IntArrayRef dilation,
+                                  bool transposed, IntArrayRef output_padding, int64_t groups);
+
+// Strides of a tensor of `sizes` in `format` (channels_last of a 3-D tensor:
+// as a [N, C, 1, L] one's, the way ATen's convolution lays out 1-D results).
+// Contiguous strides where the format does not apply to the dimension count.
+std::vector<int64_t> stridesForFormat(IntArrayRef sizes, at::MemoryFormat format);
+
 }  // namespace at::axon

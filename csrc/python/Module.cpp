@@ -103,6 +103,21 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_get_device_properties", &device_properties);
   m.def("_meta_for_axon", [] { return metaForAxon(); });
+  // The memory format of the CPU's convolution result for these arguments
+  // (aten/GenericKernel.h): torch.compile's fake convolutions on axon ask it
+  // (integrations/torch_compile.py), so that compiled and eager layouts agree.
+  m.def("_conv_memory_format",
+        [](std::vector<int64_t> input_sizes, std::vector<int64_t> input_strides,
+           std::vector<int64_t> weight_sizes, std::vector<int64_t> weight_strides,
+           at::ScalarType dtype, std::optional<std::vector<int64_t>> bias_sizes,
+           std::vector<int64_t> stride, std::vector<int64_t> padding,
+           std::vector<int64_t> dilation, bool transposed, std::vector<int64_t> output_padding,
+           int64_t groups) {
+          return convMemoryFormat(
+              input_sizes, input_strides, weight_sizes, weight_strides, dtype,
+              bias_sizes.has_value() ? std::optional<at::IntArrayRef>(*bias_sizes) : std::nullopt,
+              stride, padding, dilation, transposed, output_padding, groups);
+        });
   // reduce-overhead's graphs (integrations/torch_compile.py): every tensor on
   // `t`'s storage raises `msg` when its data is used from now on (torch.cuda's
   // _set_storage_data_ptr_access_error_msg, for a graph output a later replay

@@ -6,9 +6,11 @@ and replicate padding, grid_sample, channel_shuffle.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import assert_same, make
 from op_util import nn_functional_test, stream_op_test, stream_op_zero_size_test
 
 
@@ -82,3 +84,66 @@ ZERO_SIZE = {  # name: shapes of its inputs with no elements
 }
 
 test_stream_op_zero_size = stream_op_zero_size_test(STREAM_OPS, ZERO_SIZE)
+
+
+# ---------------------------------------------------------------- memory format
+
+def _in_format(t, on):
+    """t in channels_last (channels_last_3d for 5-D; a 3-D tensor as a
+    [N, C, 1, L] one, as ATen lays out 1-D convolutions) when `on`."""
+    if not on:
+        return t
+    if t.dim() == 3:
+        return t.unsqueeze(2).to(memory_format=torch.channels_last).squeeze(2)
+    return t.to(memory_format=torch.channels_last_3d if t.dim() == 5 else torch.channels_last)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("dim", [1, 2, 3])
+def test_convolution_memory_format_matches_cpu(dim, dtype):
+    """convolution and its backward lay their results out as the CPU's kernels
+    do (channels_last results for channels_last inputs or weights, where the
+    CPU's backend follows them), with the CPU's values: over input and weight
+    formats, transposed, groups, dilation and an empty batch."""
+    import itertools
+
+    failures = []
+    for xf, wf, transposed, groups, dil, batch in itertools.product(
+            [0, 1], [0, 1], [False, True], [1, 2], [1, 2], [2, 1, 0]):
+        x = _in_format(make((batch, 4, *[5] * dim), dtype, seed=1), xf)
+        w = _in_format(make((4, 4 // groups, *[3] * dim), dtype, seed=2), wf)
+        b = make((4,), dtype, seed=3)
+        args = ([1] * dim, [1] * dim, [dil] * dim, transposed, [0] * dim, groups)
+        cpu = [t.clone().requires_grad_() for t in (x, w, b)]
+        dev = [t.to("axon").requires_grad_() for t in (x, w, b)]
+        assert [t.stride() for t in dev] == [t.stride() for t in cpu]
+        want = torch.ops.aten.convolution(*cpu, *args)
+        got = torch.ops.aten.convolution(*dev, *args)
+        g = make(tuple(want.shape), dtype, seed=4)
+        want_g = torch.autograd.grad(want, cpu, g)
+        got_g = torch.autograd.grad(got, dev, g.to("axon"))
+        case = f"x_cl={xf} w_cl={wf} transposed={transposed} groups={groups} dil={dil} batch={batch}"
+        strides = [t.stride() for t in (got, *got_g)], [t.stride() for t in (want, *want_g)]
+        if strides[0] != strides[1]:
+            failures.append(f"{case}: strides {strides[0]} on axon, {strides[1]} on the CPU")
+        assert_same(got, want.detach(), accum=True)
+        for a, e in zip(got_g, want_g):
+            assert_same(a, e, accum=True)
+    assert not failures, "\n".join(failures)
+
+
+def test_conv_module_in_channels_last_keeps_format():
+    """nn.Conv2d / Conv3d / ConvTranspose2d on channels_last input give
+    channels_last output on axon as on the CPU (a following view, reshape or
+    flatten sees the same strides)."""
+    for cls, shape, fmt in [(torch.nn.Conv2d, (2, 3, 8, 8), torch.channels_last),
+                            (torch.nn.ConvTranspose2d, (2, 3, 8, 8), torch.channels_last),
+                            (torch.nn.Conv3d, (2, 3, 4, 4, 4), torch.channels_last_3d)]:
+        torch.manual_seed(0)
+        m = cls(3, 5, 3)
+        x = make(shape, torch.float32).to(memory_format=fmt)
+        want = m(x)
+        got = m.to("axon")(x.to("axon"))
+        assert want.is_contiguous(memory_format=fmt)
+        assert got.stride() == want.stride()
+        assert_same(got, want.detach(), accum=True)

@@ -89,6 +89,82 @@ def batch_norm_statistics_like_cpu(decompositions) -> None:
     decompositions.native_batch_norm_helper = native_batch_norm_helper
 
 
+def _hint(v) -> int:
+    """An int, or a SymInt's hint (raises where it has none)."""
+    node = getattr(v, "node", None)
+    return int(node.require_hint()) if node is not None else int(v)
+
+
+@on_import("torch._subclasses.fake_impls")
+def conv_layout_like_cpu(fake_impls) -> None:
+    """Patch ``torch._subclasses.fake_impls.conv`` (in ``op_implementations_dict``).
+
+    The fake convolutions (``convolution``, ``_convolution``,
+    ``convolution_backward``) lay results out in the memory format of the
+    backend ``torch._C._select_conv_backend`` picks; for a PrivateUse1 tensor
+    that is ``Overrideable``, whose format is always contiguous.  axon runs the
+    CPU's convolution and, like it, returns channels_last results for
+    channels_last inputs or weights (where the CPU's backend does:
+    ``_C._conv_memory_format``); the wrapper gives axon's fake results that
+    format, so compiled code lays tensors out as eager does.  (An empty batch,
+    whose eager layout follows the input's strides, keeps upstream's layout.)
+    """
+    import torch
+
+    aten = torch.ops.aten
+    table = fake_impls.op_implementations_dict
+    normalize = getattr(fake_impls, "_normalize_function_or_error", None)
+    if normalize is None:
+        return
+    from .. import _C
+
+    def wrap(original):
+        @functools.wraps(original)
+        def conv(fake_mode, func, *args, **kwargs):
+            out = original(fake_mode, func, *args, **kwargs)
+            _, kw = normalize(func, args=args, kwargs=kwargs, normalize_to_only_use_kwargs=True)
+            input_, weight = kw["input"], kw["weight"]
+            device = getattr(input_, "fake_device", None)
+            if device is None or device.type != "axon" or input_.dim() not in (3, 4, 5):
+                return out
+            try:
+                if _hint(input_.shape[0]) == 0:
+                    return out
+                bias_sizes = kw.get("bias_sizes")
+                fmt = _C._conv_memory_format(
+                    [_hint(v) for v in input_.shape], [_hint(v) for v in input_.stride()],
+                    [_hint(v) for v in weight.shape], [_hint(v) for v in weight.stride()],
+                    input_.dtype, None if bias_sizes is None else [_hint(v) for v in bias_sizes],
+                    [_hint(v) for v in kw["stride"]], [_hint(v) for v in kw["padding"]],
+                    [_hint(v) for v in kw["dilation"]], bool(kw["transposed"]),
+                    [_hint(v) for v in kw["output_padding"]], _hint(kw["groups"]))
+            except Exception:  # unhinted sizes: upstream's layout
+                return out
+            if fmt == torch.contiguous_format:
+                return out
+
+            def relayout(t):
+                if t is None:
+                    return t
+                with fake_mode:
+                    if t.dim() == 3:
+                        return t.unsqueeze(2).contiguous(memory_format=fmt).squeeze(2)
+                    return t.contiguous(memory_format=fmt)
+
+            if isinstance(out, tuple):  # convolution_backward: grad_input, grad_weight
+                return (relayout(out[0]), relayout(out[1]), out[2])
+            return relayout(out)
+
+        conv._axon_patch = True
+        return conv
+
+    for op in (aten.convolution.default, aten._convolution.default,
+               aten._convolution.deprecated, aten.convolution_backward.default):
+        original = table.get(op)
+        if original is not None and not getattr(original, "_axon_patch", False):
+            table[op] = wrap(original)
+
+
 # ==========================================================================
 # torch.compile(mode="reduce-overhead"): Inductor's graphs on axon.
 #

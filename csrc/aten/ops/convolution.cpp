@@ -4,40 +4,87 @@
 // bicubic, trilinear, antialiased) and grid sampling, with their backwards.
 //   generic stream kernel: all of them.  convolution is registered directly:
 //     ATen's composite path for other backends ends in
-//     convolution_overrideable, which raises.
+//     convolution_overrideable, which raises.  Its results (and its
+//     backward's grad_input and grad_weight) take the memory format the
+//     CPU's would (convMemoryFormat).
 //   fallback: max_unpool (its index checks stay synchronous).
+#include <ATen/native/ConvUtils.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/MemoryFormat.h>
+#include <c10/util/strides.h>
 #include <torch/library.h>
 
 #include "../GenericKernel.h"
 #include "../Registry.h"
 
 namespace at::axon {
+
 namespace {
 
-// convolution_backward by the generic kernel, with grad_input and grad_weight
-// contiguous: the layout torch.compile's fake convolutions give axon tensors
-// (ATen's _conv_determine_backend_memory_format for the Overrideable backend,
-// as for the forward's result), which the Meta kernel alone does not (it
-// follows channels_last inputs).
-void convolution_backward_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  genericStreamKernel(op, stack);
-  const size_t first = stack->size() - 3;
-  for (size_t r : {first, first + 1}) {
-    c10::IValue& v = (*stack)[r];
-    if (v.isTensor() && v.toTensor().defined() && !v.toTensor().is_contiguous()) {
-      v = v.toTensor().contiguous();
-    }
-  }
+// A CPU tensor with `sizes`, `strides` and `dtype` over memory that is never
+// read: ATen's backend choice looks at metadata only.
+at::Tensor cpuStandIn(IntArrayRef sizes, IntArrayRef strides, c10::ScalarType dtype) {
+  alignas(64) static char never_read[64];
+  return at::from_blob(never_read, sizes, strides,
+                       at::TensorOptions().dtype(dtype).device(c10::kCPU));
 }
 
 }  // namespace
 
+at::MemoryFormat convMemoryFormat(IntArrayRef input_sizes, IntArrayRef input_strides,
+                                  IntArrayRef weight_sizes, IntArrayRef weight_strides,
+                                  c10::ScalarType dtype, std::optional<IntArrayRef> bias_sizes,
+                                  IntArrayRef stride, IntArrayRef padding, IntArrayRef dilation,
+                                  bool transposed, IntArrayRef output_padding, int64_t groups) {
+  if (input_sizes.size() != weight_sizes.size() || input_sizes.size() < 3 ||
+      input_sizes.size() > 5) {
+    return at::MemoryFormat::Contiguous;  // the op's own checks reject these
+  }
+  at::Tensor input = cpuStandIn(input_sizes, input_strides, dtype);
+  at::Tensor weight = cpuStandIn(weight_sizes, weight_strides, dtype);
+  const auto sym = [](IntArrayRef a) { return c10::fromIntArrayRefSlow(a); };
+  std::optional<std::vector<c10::SymInt>> bias_sym;
+  if (bias_sizes.has_value()) {
+    bias_sym.emplace();
+    for (int64_t b : *bias_sizes) bias_sym->emplace_back(b);
+  }
+  at::native::ConvBackend backend;
+  try {
+    backend = at::native::select_conv_backend(
+        input, weight, std::nullopt, sym(stride), sym(padding), sym(dilation), transposed,
+        sym(output_padding), c10::SymInt(groups),
+        bias_sym.has_value() ? at::OptionalSymIntArrayRef(*bias_sym) : std::nullopt);
+  } catch (const std::exception&) {
+    return at::MemoryFormat::Contiguous;  // invalid arguments: the kernel raises
+  }
+  if (input.dim() == 3) {  // ATen decides 1-D convolutions' layout as [N, C, 1, L]
+    input = input.contiguous().unsqueeze(2);
+    weight = weight.unsqueeze(2);
+  }
+  return at::native::_determine_backend_memory_format(input, weight, backend);
+}
+
+std::vector<int64_t> stridesForFormat(IntArrayRef sizes, at::MemoryFormat format) {
+  const size_t n = sizes.size();
+  if (format == at::MemoryFormat::ChannelsLast && n == 4) {
+    return c10::get_channels_last_strides_2d(sizes);
+  }
+  if (format == at::MemoryFormat::ChannelsLast3d && n == 5) {
+    return c10::get_channels_last_strides_3d(sizes);
+  }
+  if (format == at::MemoryFormat::ChannelsLast && n == 3) {
+    std::vector<int64_t> s = c10::get_channels_last_strides_2d({sizes[0], sizes[1], 1, sizes[2]});
+    s.erase(s.begin() + 2);
+    return s;
+  }
+  const auto c = c10::contiguous_strides(sizes);
+  return {c.begin(), c.end()};
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   OpRegistrar reg(m, "convolution");
-  reg.impl(Path::kGeneric, "convolution_backward",
-           torch::CppFunction::makeFromBoxedFunction<&convolution_backward_kernel>());
   reg.generic({
-      "convolution", "im2col", "col2im", "reflection_pad1d.out",
+      "convolution", "convolution_backward", "im2col", "col2im", "reflection_pad1d.out",
       "reflection_pad2d.out", "replication_pad1d.out", "replication_pad2d.out",
       "upsample_nearest2d.out", "upsample_bilinear2d.out",
       "upsample_nearest2d_backward.grad_input", "upsample_bilinear2d_backward.grad_input",
