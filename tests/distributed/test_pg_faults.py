@@ -495,3 +495,40 @@ def test_collectives_refuse_tensors_of_mixed_memory_formats():
             assert err is not None and "must have the same memory format" in err, (name, err)
         for r, o in enumerate(outs):
             torch.testing.assert_close(o, torch.arange(24.0).reshape(2, 3, 2, 2) + 100 * r)
+
+
+def _set_pg_timeout_then_late_rank(rank, world):
+    import warnings
+
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    dist.init_process_group("axon", timeout=datetime.timedelta(seconds=60))
+    dev = torch.device("axon", rank)
+    dist.all_reduce(torch.ones(4, device=dev))
+    torch.axon.synchronize()
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        _set_pg_timeout(datetime.timedelta(seconds=2))
+    if rank == 1:
+        time.sleep(6)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4, device=dev))
+        torch.axon.synchronize()
+        outcome = "returned"
+    except RuntimeError as e:
+        outcome = str(e)
+    return outcome, time.monotonic() - t0, [str(w.message) for w in ws]
+
+
+def test_set_pg_timeout_reaches_the_axon_backend():
+    """torch.distributed's _set_pg_timeout (torchtitan lowers the timeout with it
+    after the first step) sets the axon backend's timeout: a late rank fails the
+    collective after the new 2 s, not the group's 60 s, and no "only supported
+    for nccl or gloo" warning."""
+    results = run_ranks(_set_pg_timeout_then_late_rank, 2, timeout=90)
+    outcome, elapsed, warned = results[0]
+    assert "all_reduce timed out" in outcome and "rank(s) 1" in outcome, outcome
+    assert 1.5 < elapsed < 5, elapsed
+    assert not warned, warned
+    assert results[1][0] != "returned"  # the group broke while rank 1 slept

@@ -166,8 +166,39 @@ def _patch_split_group() -> None:
         dist.split_group = split_group
 
 
+def _patch_set_pg_timeout() -> None:
+    """``distributed_c10d._set_pg_timeout`` (torchtitan lowers the timeout after
+    the first step with it) sets the timeout of a group's gloo (cpu) and nccl
+    (cuda) backends only, and warns "only supported for either nccl or gloo"
+    when there is none.  The wrapper also sets it on the group's axon backend
+    (``Backend.set_timeout``: later collectives and point-to-point calls)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d._set_pg_timeout
+    if getattr(original, "_axon_patched", False):
+        return
+
+    @functools.wraps(original)
+    def _set_pg_timeout(timeout, group=None):
+        pg = group if group is not None else c10d._get_default_group()
+        backend = None
+        if (isinstance(pg, c10d.ProcessGroup) and not c10d._rank_not_in_group(pg)
+                and torch.device("axon") in pg._device_types):
+            backend = pg._get_backend(torch.device("axon"))
+        if backend is None:
+            return original(timeout, group)
+        backend.set_timeout(timeout)
+        others = [d for d in pg._device_types if d.type != "axon"]
+        if any(pg._get_backend(d) is not backend for d in others):
+            original(timeout, group)  # the cpu (gloo) backend as well
+
+    _set_pg_timeout._axon_patched = True
+    c10d._set_pg_timeout = _set_pg_timeout
+
+
 def install() -> None:
     """Applies the fixes above (each patch is idempotent).  Called by
     ``torch_axon.distributed.install()`` once torch.distributed is available."""
     _patch_new_process_group_helper()
     _patch_split_group()
+    _patch_set_pg_timeout()
