@@ -750,6 +750,24 @@ TEST(CommSignatures, MismatchedCallsFailOnEveryRank) {
                       for (int r = 0; r < g.size(); ++r) outs.push_back(buf(g) + 1000 + r * 64);
                       g.all_gather(buf(g), 256, outs.data());
                     }, "all_gather #0 (256 bytes of int64)");
+    // Memory layouts (what the process group tags every call with).
+    const int cl[] = {0, 2, 3, 1};
+    const int odd[] = {1, 0, 2};
+    expect_mismatch(size, [&](ShmGroup& g) {
+                      g.set_layout_tag(0);
+                      g.all_reduce(buf(g), 64, DType::kFloat32, ReduceOp::kSum);
+                    }, [&](ShmGroup& g) {
+                      g.set_layout_tag(ShmGroup::layout_tag(cl, 4));
+                      g.all_reduce(buf(g), 64, DType::kFloat32, ReduceOp::kSum);
+                    }, "rank 0 called all_reduce #0 (float32, 64 elements, SUM, contiguous) but "
+                       "rank 1 called all_reduce #0 (float32, 64 elements, SUM, channels_last)");
+    expect_mismatch(size, [&](ShmGroup& g) {
+                      g.set_layout_tag(ShmGroup::layout_tag(odd, 3));
+                      g.broadcast(buf(g), 256, 0);
+                    }, [&](ShmGroup& g) {
+                      g.set_layout_tag(0);
+                      g.broadcast(buf(g), 256, 0);
+                    }, "(256 bytes, root 0, strided, memory order (1, 0, 2))");
     // A rank that skipped a call pairs its next one with the others' earlier one.
     expect_mismatch(size, [&](ShmGroup& g) {
                       g.all_reduce(buf(g), 64, DType::kFloat32, ReduceOp::kSum);

@@ -426,12 +426,38 @@ const char* kind_name(uint32_t k) {
 }
 }  // namespace
 
+int32_t ShmGroup::layout_tag(const int* order, int n) {
+  if (n < 0 || n > 7) return -1;
+  uint32_t tag = static_cast<uint32_t>(n) << 28;
+  bool identity = true;
+  for (int i = 0; i < n; ++i) {
+    if (order[i] < 0 || order[i] >= n) return -1;
+    identity = identity && order[i] == i;
+    tag |= static_cast<uint32_t>(order[i]) << (4 * i);
+  }
+  return identity ? 0 : static_cast<int32_t>(tag);
+}
+
+std::string ShmGroup::layout_name(int32_t tag) {
+  if (tag < 0) return "";
+  if (tag == 0) return "contiguous";
+  const int n = static_cast<int>(static_cast<uint32_t>(tag) >> 28);
+  if (n == 4 && (tag & 0xffff) == 0x1320) return "channels_last";       // 0, 2, 3, 1
+  if (n == 5 && (tag & 0xfffff) == 0x14320) return "channels_last_3d";  // 0, 2, 3, 4, 1
+  std::string o = "strided, memory order (";
+  for (int i = 0; i < n; ++i) {
+    o += (i ? ", " : "") + std::to_string((tag >> (4 * i)) & 0xf);
+  }
+  return o + ")";
+}
+
 void ShmGroup::begin_call(Kind kind, int dtype, uint64_t count, int op, int root) {
-  sig_ = Sig{calls_++, static_cast<uint32_t>(kind), dtype, count, op, root};
+  const int32_t layout = kind == Kind::kBarrier || kind == Kind::kAllToAll ? -1 : layout_tag_;
+  sig_ = Sig{calls_++, static_cast<uint32_t>(kind), dtype, count, op, root, layout};
   sig_pending_ = size_ > 1;
 }
 
-std::string ShmGroup::describe(const Sig& s) const {
+std::string ShmGroup::describe(const Sig& s, bool layout) const {
   std::ostringstream o;
   o << kind_name(s.kind) << " #" << s.seq << " (";
   auto kind = static_cast<Kind>(s.kind);
@@ -449,6 +475,7 @@ std::string ShmGroup::describe(const Sig& s) const {
     sep = ", ";
   }
   if (s.root >= 0) o << sep << "root " << s.root;
+  if (layout && s.layout >= 0) o << sep << layout_name(s.layout);
   o << ")";
   std::string out = o.str();
   if (out.size() >= 2 && out.compare(out.size() - 2, 2, "()") == 0) out.resize(out.size() - 3);
@@ -464,12 +491,15 @@ void ShmGroup::check_signatures() {
     const Sig s = sig_of(r);
     bool same = s.seq == first.seq && s.kind == first.kind && s.count == first.count &&
                 s.op == first.op && s.root == first.root &&
-                (s.dtype == first.dtype || s.dtype < 0 || first.dtype < 0);
+                (s.dtype == first.dtype || s.dtype < 0 || first.dtype < 0) &&
+                (s.layout == first.layout || s.layout < 0 || first.layout < 0);
     if (same) continue;
+    const bool layouts = s.layout != first.layout;
     fail("axon process group: collectives do not match across ranks: rank 0 called " +
-         describe(first) + " but rank " + std::to_string(r) + " called " + describe(s) +
+         describe(first, layouts) + " but rank " + std::to_string(r) + " called " +
+         describe(s, layouts) +
          " (every rank must call the same collectives in the same order, with the same "
-         "sizes, dtypes, ops and roots; the process group is now unusable)");
+         "sizes, dtypes, memory formats, ops and roots; the process group is now unusable)");
   }
 }
 

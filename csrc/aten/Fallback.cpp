@@ -69,8 +69,7 @@ void count(const c10::FunctionSchema& schema) {
 
 // Axon has no quantized tensors (no QuantizedPrivateUse1 kernels, no
 // quantizer on device memory).  Factories dispatched on a quantized dtype
-// already stop at the dispatcher ("Could not run ... 'Quantizedaxon'
-// backend"); ops that take dense axon tensors and return quantized ones
+// stop at quantizedFallback below; ops that take dense axon tensors and return quantized ones
 // (quantize_per_tensor, quantize_per_channel, _make_per_*_quantized_tensor)
 // reach the fallback, whose CPU kernel would return a QuantizedCPU tensor that
 // cannot be moved: they raise here instead of returning a half-built tensor.
@@ -341,6 +340,19 @@ void nestedFallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/)
 }
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&nestedFallback>());
+}
+// Ops dispatched on a quantized axon tensor or dtype
+// (_empty_affine_quantized, ...): PyTorch's error for a missing kernel names
+// the dispatch key ("Quantizedaxon backend"); this one says what to do.
+void quantizedFallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, "Could not run '", op_name(op.schema()),
+      "' on axon: it takes or makes a quantized tensor, and axon has no quantized tensors "
+      "(no QuantizedPrivateUse1 kernels). Quantize on the CPU (tensor.cpu()); the "
+      "fake_quantize_* ops work on axon.");
+}
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantizedFallback>());
 }
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparseFallback>());

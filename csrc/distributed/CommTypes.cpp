@@ -89,6 +89,27 @@ int dtypeTag(const at::Tensor& t) {
   }
 }
 
+int layoutTag(const at::Tensor& t) {
+  if (!t.defined() || t.is_contiguous()) return t.defined() ? 0 : -1;
+  if (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    const int order[] = {0, 2, 3, 1};
+    return comm::ShmGroup::layout_tag(order, 4);
+  }
+  if (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d)) {
+    const int order[] = {0, 2, 3, 4, 1};
+    return comm::ShmGroup::layout_tag(order, 5);
+  }
+  // Otherwise the order of the dimensions of more than one element by
+  // stride, outermost first (size-1 dimensions place no element).
+  std::vector<int> order;
+  for (int d = 0; d < static_cast<int>(t.dim()); ++d) {
+    if (t.size(d) > 1) order.push_back(d);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return t.stride(a) > t.stride(b); });
+  return comm::ShmGroup::layout_tag(order.data(), static_cast<int>(order.size()));
+}
+
 std::optional<comm::SharedBuffer> sharedBuffer(const at::Tensor& t) {
   ::axon::rt::MemoryExport ex;
   if (t.numel() == 0 || !::axon::rt::memory_export(t.data_ptr(), &ex)) return std::nullopt;

@@ -41,6 +41,9 @@ char* dataPtr(const at::Tensor& t);
 // axon/comm.h): a comm::DType, or -1 for types comm does not name.  Complex
 // types are named by their components (the element count tells them apart).
 int dtypeTag(const at::Tensor& t);
+// t's memory layout for the signature ranks compare (ShmGroup::set_layout_tag;
+// -1 for an undefined tensor).
+int layoutTag(const at::Tensor& t);
 
 // The tensor's memory as the peers can map it (its allocation's export), or
 // none (empty tensors, memory that is not shareable).

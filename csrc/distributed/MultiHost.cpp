@@ -165,7 +165,7 @@ OpBody HostHierarchy::checked(std::vector<int64_t> signature, OpBody body) const
     std::vector<std::vector<at::Tensor>> outputs = {all};
     std::vector<at::Tensor> inputs = {mine};
     global->allgather(outputs, inputs)->wait();
-    // [op type, dtype, elements, reduction, root, memory format]; -1: not compared
+    // [op type, dtype, elements, reduction, root, layout tag]; -1: not compared
     auto describe = [](const int64_t* s) {
       std::string d = c10d::opTypeToString(static_cast<c10d::OpType>(s[0]));
       if (s[1] >= 0) d += std::string(" of ") + comm::dtype_name(static_cast<comm::DType>(s[1]));
@@ -174,7 +174,7 @@ OpBody HostHierarchy::checked(std::vector<int64_t> signature, OpBody body) const
                                          "BAND", "BOR", "BXOR", "PREMUL_SUM"};
       if (s[3] >= 0) d += std::string(", ") + (s[3] < 9 ? kOps[s[3]] : "reduction");
       if (s[4] >= 0) d += ", root " + std::to_string(s[4]);
-      if (s[5] != 0) d += ", " + c10::str(static_cast<c10::MemoryFormat>(s[5]));
+      if (s[5] > 0) d += ", " + comm::ShmGroup::layout_name(static_cast<int32_t>(s[5]));
       return d;
     };
     const int64_t* first = outputs[0][0].data_ptr<int64_t>();
@@ -185,7 +185,7 @@ OpBody HostHierarchy::checked(std::vector<int64_t> signature, OpBody body) const
             "ProcessGroupAxon: collectives do not match across ranks: rank 0 called " +
             describe(first) + " but rank " + std::to_string(r) + " called " + describe(other) +
             " (every rank must call the same collectives in the same order, with the same "
-            "sizes, dtypes, ops and roots)");
+            "sizes, dtypes, memory formats, ops and roots)");
       }
     }
     body(g);

@@ -88,9 +88,12 @@ c10::intrusive_ptr<c10d::Work> OpRunner::run(c10::DeviceIndex device, c10d::OpTy
   }
   if (!op.p2p && op.body && !tensors.empty()) {
     // Byte-moving calls (broadcast, all_gather, ...) carry the dtype of
-    // their tensors in the signature the ranks compare.
-    op.body = [tag = dtypeTag(tensors[0]), body = std::move(op.body)](comm::ShmGroup& g) {
+    // their tensors in the signature the ranks compare, every call their
+    // memory layout.
+    op.body = [tag = dtypeTag(tensors[0]), layout = layoutTag(tensors[0]),
+               body = std::move(op.body)](comm::ShmGroup& g) {
       g.set_dtype_tag(tag);
+      g.set_layout_tag(layout);
       body(g);
     };
   }

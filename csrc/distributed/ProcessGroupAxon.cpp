@@ -22,10 +22,8 @@ namespace {
 // elements, reduction, root (-1 where not compared), memory format.
 std::vector<int64_t> sig(c10d::OpType type, const at::Tensor& t, int64_t elements,
                          int64_t reduce = -1, int64_t root = -1) {
-  const int64_t format =
-      !t.defined() || t.is_contiguous() ? 0 : static_cast<int64_t>(t.suggest_memory_format());
   return {static_cast<int64_t>(type), t.defined() ? dtypeTag(t) : -1, elements, reduce, root,
-          format};
+          layoutTag(t)};
 }
 
 int64_t total(const std::vector<at::Tensor>& ts) {

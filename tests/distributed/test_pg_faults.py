@@ -532,3 +532,38 @@ def test_set_pg_timeout_reaches_the_axon_backend():
     assert 1.5 < elapsed < 5, elapsed
     assert not warned, warned
     assert results[1][0] != "returned"  # the group broke while rank 1 slept
+
+
+def _formats_differ_across_ranks(rank, world, op):
+    dist.init_process_group("axon")
+    dev = torch.device("axon", rank)
+    x = (torch.arange(24.0).reshape(2, 3, 2, 2) + 100 * rank).to(dev)
+    # The same format on every rank is fine, channels_last included.
+    same = x.contiguous(memory_format=torch.channels_last)
+    dist.all_reduce(same)
+    ok = same.cpu()
+    mine = same if rank == 1 else x.clone()
+    try:
+        if op == "all_reduce":
+            dist.all_reduce(mine)
+        elif op == "broadcast":
+            dist.broadcast(mine, src=0)
+        else:
+            dist.all_gather([torch.empty_like(mine) for _ in range(world)], mine)
+        torch.axon.synchronize()
+        return ok, None
+    except RuntimeError as e:
+        return ok, str(e)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "all_gather"])
+def test_ranks_with_different_memory_formats_fail_the_collective(op):
+    """Collectives move memory: rank 0's contiguous tensor against rank 1's
+    channels_last one would mix elements (silently wrong); the ranks' signatures
+    carry the memory layout, so the call fails on every rank, naming both."""
+    results = run_ranks(_formats_differ_across_ranks, 2, op, timeout=90)
+    for ok, err in results:
+        want = torch.arange(24.0).reshape(2, 3, 2, 2) * 2 + 100
+        torch.testing.assert_close(ok, want)
+        assert err is not None and "do not match across ranks" in err, err
+        assert "contiguous" in err and "channels_last" in err, err

@@ -104,3 +104,43 @@ def test_deterministic_mode_fills_uninitialized_memory_like_cpu(dtype):
             torch.testing.assert_close(a, c, equal_nan=True, atol=0, rtol=0, msg=name)
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64],
+                         ids=str)
+@pytest.mark.parametrize("out_kind", ["narrow_view", "contiguous_2x2", "transposed",
+                                      "wrong_numel", "exact"])
+@pytest.mark.parametrize("factory", ["linspace", "logspace", "arange", "range", "eye"])
+def test_factory_out_keeps_what_the_cpu_keeps(factory, out_kind, dtype):
+    """out= of the range factories: an out with the right number of elements
+    keeps its shape and strides and is filled in index order (linspace/logspace
+    on axon used to resize it to [steps], writing outside a view); others are
+    resized as on the CPU.  The out's base is compared whole."""
+    import warnings
+
+    calls = {
+        "linspace": lambda out: torch.linspace(0, 3, 4, out=out),
+        "logspace": lambda out: torch.logspace(0, 3, 4, out=out),
+        "arange": lambda out: torch.arange(0, 4, out=out),
+        "range": lambda out: torch.range(0, 3, out=out),
+        "eye": lambda out: torch.eye(2, out=out),
+    }
+
+    def run(device):
+        base = torch.full((2, 3), -1, dtype=dtype, device=device)
+        out = {"narrow_view": lambda: base.narrow(1, 1, 2),
+               "contiguous_2x2": lambda: base.view(-1)[:4].view(2, 2),
+               "transposed": lambda: base[:, :2].t(),
+               "wrong_numel": lambda: torch.empty(3, dtype=dtype, device=device),
+               "exact": lambda: torch.empty(4, dtype=dtype, device=device)}[out_kind]()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = calls[factory](out)
+        return base, out, result
+
+    base_c, out_c, res_c = run("cpu")
+    base_a, out_a, res_a = run("axon")
+    assert res_a is out_a
+    assert (out_a.shape, out_a.stride()) == (out_c.shape, out_c.stride())
+    assert_same(out_a, out_c)
+    assert_same(base_a, base_c)

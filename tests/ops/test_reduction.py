@@ -94,3 +94,24 @@ STREAM_OPS = {
 
 
 test_stream_op_matches_cpu = stream_op_test(STREAM_OPS)
+
+
+@pytest.mark.parametrize("op", ["nansum", "sum", "mean", "amax", "logsumexp"])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_empty_dim_list_reduces_like_cpu(op, keepdim):
+    """dim=[]: whatever each op does with it on the CPU (nansum, sum and mean
+    reduce every dimension; nansum on axon used to reduce none)."""
+    x = torch.tensor([[1.0, float("nan"), 2.0], [3.0, 4.0, 5.0]])
+    fn = {"nansum": lambda t: torch.nansum(t, dim=[], keepdim=keepdim),
+          "sum": lambda t: torch.sum(t, dim=[], keepdim=keepdim),
+          "mean": lambda t: torch.mean(t, dim=[], keepdim=keepdim),
+          "amax": lambda t: torch.amax(t, dim=[], keepdim=keepdim),
+          "logsumexp": lambda t: torch.logsumexp(t, dim=[], keepdim=keepdim)}[op]
+    compare(fn, [x], [x.to("axon")])
+    out_c = torch.empty(0)
+    out_a = torch.empty(0, device="axon")
+    if op == "nansum":
+        torch.nansum(x, dim=[], keepdim=keepdim, out=out_c)
+        torch.nansum(x.to("axon"), dim=[], keepdim=keepdim, out=out_a)
+        assert out_a.shape == out_c.shape
+        torch.testing.assert_close(out_a.cpu(), out_c, equal_nan=True)

@@ -133,6 +133,17 @@ class ShmGroup {
   // all_gather, gather, scatter) carry in their signature, or -1; reducing
   // collectives carry their own.  Stays until changed.
   void set_dtype_tag(int dtype) { dtype_tag_ = dtype; }
+  // The memory layout of the next collectives' data, carried in their
+  // signature so that ranks whose tensors lay the same elements out
+  // differently (channels_last against contiguous) fail instead of mixing
+  // elements: 0 row-major, -1 not compared, else layout_tag() of the
+  // dimensions' memory order.  Stays until changed.
+  void set_layout_tag(int32_t layout) { layout_tag_ = layout; }
+  // The tag of a layout whose dimensions, outermost first, are order[0..n)
+  // (n <= 7; -1 otherwise).
+  static int32_t layout_tag(const int* order, int n);
+  // "contiguous", "channels_last", "strided, memory order (0, 2, 1)"; "" for -1.
+  static std::string layout_name(int32_t tag);
   // The peers' buffers mapped here (the cache of map_peer): count and bytes.
   size_t mapped_peer_count() const { return peer_maps_.size(); }
   size_t mapped_peer_bytes() const;
@@ -197,6 +208,7 @@ class ShmGroup {
     uint64_t count;  // elements (reducing calls) or bytes
     int32_t op;      // a ReduceOp, or -1
     int32_t root;    // or -1
+    int32_t layout;  // set_layout_tag's, or -1
   };
   struct PeerMap {
     void* addr;
@@ -208,7 +220,7 @@ class ShmGroup {
   // Starts a call: its signature goes out with the first step's phase 1.
   void begin_call(Kind kind, int dtype, uint64_t count, int op, int root);
   void check_signatures();
-  std::string describe(const Sig& s) const;
+  std::string describe(const Sig& s, bool layout = false) const;  // layout: name it
   void sweep_peer_maps(size_t incoming_entries, size_t incoming_bytes);
   std::string peer_abort_message() const;  // empty unless another rank aborted
   [[noreturn]] void fail(const std::string& message);
@@ -255,6 +267,7 @@ class ShmGroup {
   Sig sig_{};                          // the current call's
   uint64_t sig_step_ = UINT64_MAX;     // the step whose phase 1 compares signatures
   int dtype_tag_ = -1;
+  int32_t layout_tag_ = -1;
   mutable std::mutex broken_mu_;
   std::string broken_;
 };

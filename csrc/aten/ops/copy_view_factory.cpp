@@ -27,6 +27,7 @@
 #include <ATen/ops/view_native.h>
 #include <ATen/ops/zero_cpu_dispatch.h>
 #include <ATen/ops/cat_cpu_dispatch.h>
+#include "../GenericKernel.h"
 #include <ATen/ops/cat_meta.h>
 #include <ATen/ops/tril_cpu_dispatch.h>
 #include <ATen/ops/tril_meta.h>
@@ -386,6 +387,26 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
   return out;
 }
 
+// linspace.out / logspace.out: the CPU kernel keeps `out`'s shape (and its
+// strides) when it has `steps` elements, filling it in index order, where the
+// Meta kernel resizes it to [steps] (with a deprecation warning).  Such an
+// out is filled through a [steps] temporary, as the CPU does internally.
+void space_out_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  const size_t begin = stack->size() - n;
+  const at::Tensor out = (*stack)[begin + n - 1].toTensor();
+  const int64_t steps = (*stack)[begin + 2].toInt();
+  if (steps < 0 || out.numel() != steps || (out.dim() == 1 && out.is_contiguous()) ||
+      out.device().type() != kAxon) {
+    return genericStreamKernel(op, stack);
+  }
+  const at::Tensor flat = at::empty({steps}, out.options());
+  (*stack)[begin + n - 1] = flat;
+  genericStreamKernel(op, stack);
+  out.copy_(flat.view(out.sizes()));
+  stack->back() = out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -415,12 +436,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   reg.impl(Path::kNative, "fill_.Tensor", fill_tensor);
   reg.impl(Path::kNative, "zero_", zero_);
   reg.impl(Path::kNative, "arange.start_out", arange_out);
+  for (const char* name : {"linspace.out", "logspace.out"}) {
+    reg.impl(Path::kGeneric, name, torch::CppFunction::makeFromBoxedFunction<&space_out_kernel>());
+  }
   OUT("cat.out", 1, cat, cat_outf);
   OUT("tril.out", 1, tril, tril_outf);
   OUT("triu.out", 1, triu, triu_outf);
   FUNC("cat", 1, cat, T(const at::ITensorListRef&, int64_t), cat_outf);
   reg.generic({
-      "eye.out", "eye.m_out", "linspace.out", "logspace.out", "flip", "roll",
+      "eye.out", "eye.m_out", "flip", "roll",
       "unfold_backward", "channel_shuffle"
   });
 }

@@ -92,6 +92,14 @@ void logcumsumexp_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   genericStreamKernel(op, stack);
 }
 
+// nansum(self, dim, ...): the CPU kernel reduces every dimension for an
+// empty `dim` list (as for None), the Meta kernel none; None for both.
+void nansum_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  c10::IValue& dim = (*stack)[stack->size() - op.schema().arguments().size() + 1];
+  if (dim.isList() && dim.toListRef().empty()) dim = c10::IValue();
+  genericStreamKernel(op, stack);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -120,13 +128,16 @@ DimMinMax);
   reg.impl(Path::kNative, "histc", histc);
   reg.impl(Path::kGeneric, "_logcumsumexp",
            torch::CppFunction::makeFromBoxedFunction<&logcumsumexp_kernel>());
+  for (const char* name : {"nansum", "nansum.out"}) {
+    reg.impl(Path::kGeneric, name, torch::CppFunction::makeFromBoxedFunction<&nansum_kernel>());
+  }
   // var/std, norms, products, scans (cummax/cummin's helpers have no Meta kernel:
   // GenericKernel.cpp's without_meta)
   reg.generic({
       "var.correction", "var.correction_out", "std.correction", "std.correction_out",
       "var_mean.correction", "std_mean.correction", "linalg_vector_norm.out", "norm.out",
-      "logsumexp.out", "prod.int_out", "prod", "cumprod.out", "nansum.out", "histc.out",
-      "aminmax.out", "aminmax", "cumsum", "nansum", "count_nonzero.dim_IntList",
+      "logsumexp.out", "prod.int_out", "prod", "cumprod.out", "histc.out",
+      "aminmax.out", "aminmax", "cumsum", "count_nonzero.dim_IntList",
       "_cummax_helper", "_cummin_helper"
   });
 }
