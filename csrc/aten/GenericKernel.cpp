@@ -319,7 +319,10 @@ std::optional<int> without_meta(const c10::FunctionSchema& schema) {
 // the result (convolution_backward: grad_input and grad_weight) in the
 // memory format of the CPU's backend (convMemoryFormat; the Meta kernel,
 // like the fake kernel for other backends, lays the forward out contiguous).
-enum class Layout { kIterator, kContiguous, kConvolution };
+// kFormatOfArg0/1: the memory format the first (second) argument suggests
+// (channels_last for a channels_last input), as the CPU's padding kernels and
+// their backwards allocate.
+enum class Layout { kIterator, kContiguous, kConvolution, kFormatOfArg0, kFormatOfArg1 };
 std::optional<Layout> cpu_layout(const c10::FunctionSchema& schema) {
   static const std::unordered_map<std::string, Layout> ops = {
       {"aten::floor_divide", Layout::kIterator},
@@ -327,7 +330,15 @@ std::optional<Layout> cpu_layout(const c10::FunctionSchema& schema) {
       {"aten::rrelu_with_noise", Layout::kContiguous},
       {"aten::log_sigmoid_forward", Layout::kContiguous},
       {"aten::convolution", Layout::kConvolution},
-      {"aten::convolution_backward", Layout::kConvolution}};
+      {"aten::convolution_backward", Layout::kConvolution},
+      {"aten::reflection_pad2d", Layout::kFormatOfArg0},
+      {"aten::replication_pad2d", Layout::kFormatOfArg0},
+      {"aten::reflection_pad3d", Layout::kFormatOfArg0},
+      {"aten::replication_pad3d", Layout::kFormatOfArg0},
+      {"aten::reflection_pad2d_backward", Layout::kFormatOfArg1},
+      {"aten::replication_pad2d_backward", Layout::kFormatOfArg1},
+      {"aten::reflection_pad3d_backward", Layout::kFormatOfArg1},
+      {"aten::replication_pad3d_backward", Layout::kFormatOfArg1}};
   if (!schema.overload_name().empty()) return std::nullopt;
   const auto it = ops.find(schema.name());
   if (it == ops.end()) return std::nullopt;
@@ -555,6 +566,21 @@ void genericStreamKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
 
   if (layout == Layout::kConvolution) {
     if (plan.kind == OpPlan::Kind::kFunctional) apply_conv_layout(schema, meta_args, meta);
+  } else if (layout == Layout::kFormatOfArg0 || layout == Layout::kFormatOfArg1) {
+    const size_t arg = layout == Layout::kFormatOfArg0 ? 0 : 1;
+    if (plan.kind == OpPlan::Kind::kFunctional && meta.size() == 1 && meta[0].isTensor() &&
+        meta_args.size() > arg && meta_args[arg].isTensor()) {
+      const at::Tensor& like = meta_args[arg].toTensor();
+      const at::Tensor& m = meta[0].toTensor();
+      if (like.defined() && m.defined() && like.dim() == m.dim()) {
+        const std::vector<int64_t> strides = stridesForFormat(m.sizes(), like.suggest_memory_format());
+        if (m.strides() != IntArrayRef(strides)) {
+          meta[0] = at::detail::empty_strided_meta(m.sizes(), strides, m.scalar_type(),
+                                                   std::nullopt, c10::Device(c10::kMeta),
+                                                   std::nullopt);
+        }
+      }
+    }
   } else if (layout.has_value() && plan.kind == OpPlan::Kind::kFunctional &&
       (meta.size() == 1 || *layout == Layout::kContiguous)) {
     for (c10::IValue& r : meta) {

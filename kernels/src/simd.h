@@ -123,10 +123,40 @@ AXON_INLINE float reduce_max(Vec v) {
 
 // Sum over [0, n) of term(i): four vector accumulators (to hide the add latency),
 // then the tail. The order of additions depends only on n, not on the ISA.
+// Rows longer than a block are summed block by block, each block's sum added
+// in double: each lane then adds at most 64 terms in float, so the error of a
+// row of millions stays that of a short sum (as ATen's cascade sums), and rows
+// of up to a block sum exactly as without blocks.
 template <class Term>
 AXON_INLINE float sum_of(int64_t n, const Term& term) {
+  constexpr int64_t kBlock = 64 * 4 * kLanes;
   Vec a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t i = 0;
+  if (n > kBlock) {
+    double total = 0.0;
+    for (; i + kBlock <= n;) {
+      a0 = a1 = a2 = a3 = Vec{};
+      for (const int64_t end = i + kBlock; i < end; i += 4 * kLanes) {
+        a0 += term(VecAt{i});
+        a1 += term(VecAt{i + kLanes});
+        a2 += term(VecAt{i + 2 * kLanes});
+        a3 += term(VecAt{i + 3 * kLanes});
+      }
+      total += static_cast<double>(reduce_add((a0 + a1) + (a2 + a3)));
+    }
+    a0 = a1 = a2 = a3 = Vec{};
+    for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+      a0 += term(VecAt{i});
+      a1 += term(VecAt{i + kLanes});
+      a2 += term(VecAt{i + 2 * kLanes});
+      a3 += term(VecAt{i + 3 * kLanes});
+    }
+    for (; i + kLanes <= n; i += kLanes) a0 += term(VecAt{i});
+    double tail = 0.0;
+    for (; i < n; ++i) tail += static_cast<double>(term(i));
+    return static_cast<float>(total + static_cast<double>(reduce_add((a0 + a1) + (a2 + a3))) +
+                              tail);
+  }
   for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
     a0 += term(VecAt{i});
     a1 += term(VecAt{i + kLanes});

@@ -1,6 +1,6 @@
 // Softmax and log-softmax over float32 rows (float_rows.h), one row at a time while
 // it is in cache. Softmax: m = max(x); y = exp(x - m) and s = sum(y) in one pass;
-// y *= 1 / s. Log-softmax: m, then s = sum(exp(x - m)), y = x - m - log(s).
+// y *= 1 / s. Log-softmax: m, then s = sum(exp(x - m)), y = (x - m) - log(s).
 // exp is simd::exp, a vectorised polynomial. Backward, per row:
 //   softmax: dx = y * (dy - sum(dy * y)); log-softmax: dx = dy - exp(y) * sum(dy).
 #include <cmath>
@@ -33,8 +33,10 @@ AXON_SIMD void log_softmax_row(const float* x, int64_t n, float* y) {
   const float s = simd::sum_of(n, [&](auto j) AXON_INLINE_LAMBDA {
     return simd::exp(load(x, j) - m);
   });
-  const float shift = m + std::log(s);
-  simd::for_each(n, [&](auto j) AXON_INLINE_LAMBDA { store(y, j, load(x, j) - shift); });
+  // (x - m) - log(s), not x - (m + log(s)): next to a large m, m + log(s)
+  // rounds log(s) away (log_softmax([1e7, 1e7 + 1, ...]) would end in 0).
+  const float ls = std::log(s);
+  simd::for_each(n, [&](auto j) AXON_INLINE_LAMBDA { store(y, j, (load(x, j) - m) - ls); });
 }
 
 AXON_SIMD void softmax_backward_row(const float* dy, const float* y, int64_t n, float* dx) {

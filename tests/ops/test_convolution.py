@@ -147,3 +147,23 @@ def test_conv_module_in_channels_last_keeps_format():
         assert want.is_contiguous(memory_format=fmt)
         assert got.stride() == want.stride()
         assert_same(got, want.detach(), accum=True)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("shape", [(2, 4, 6, 6), (4, 6, 6, 6), (2, 3, 4, 5, 5)])
+def test_padding_keeps_channels_last_like_cpu(mode, shape):
+    """reflect/replicate padding of channels_last input (2-D, 3-D batched and
+    unbatched): result and input gradient in the CPU's layout, with its values
+    (axon's took the Meta kernels' contiguous layout)."""
+    fmt = torch.channels_last_3d if len(shape) == 5 else torch.channels_last
+    pad = [1, 2] * (2 if len(shape) == 4 and shape[0] == 2 else 3)
+    x = make(shape, torch.float32).contiguous(memory_format=fmt)
+    xc, xa = x.clone().requires_grad_(), x.to("axon").requires_grad_()
+    yc, ya = F.pad(xc, pad, mode=mode), F.pad(xa, pad, mode=mode)
+    assert ya.stride() == yc.stride()
+    g = make(tuple(yc.shape), torch.float32, seed=3).contiguous(memory_format=fmt)
+    yc.backward(g)
+    ya.backward(g.to("axon"))
+    assert xa.grad.stride() == xc.grad.stride()
+    assert_same(ya, yc.detach())
+    assert_same(xa.grad, xc.grad)

@@ -70,3 +70,21 @@ STREAM_OPS = {
 
 
 test_stream_op_matches_cpu = stream_op_test(STREAM_OPS)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_multilabel_margin_loss_shapes_match_cpu(reduction, batched):
+    """A 1-D input gives a scalar loss whatever the reduction, as on the CPU
+    (axon gave reduction='none' the Meta kernel's shape [1]); values and the
+    input's gradient too."""
+    x = make((2, 4) if batched else (4,), torch.float32)
+    t = torch.tensor([[3, 0, -1, 1], [1, 2, -1, 0]] if batched else [3, 0, -1, 1])
+    xc, xa = x.clone().requires_grad_(), x.to("axon").requires_grad_()
+    lc = F.multilabel_margin_loss(xc, t, reduction=reduction)
+    la = F.multilabel_margin_loss(xa, t.to("axon"), reduction=reduction)
+    assert la.shape == lc.shape
+    lc.sum().backward()
+    la.sum().backward()
+    assert_same(la, lc.detach())
+    assert_same(xa.grad, xc.grad)

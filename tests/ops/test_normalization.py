@@ -270,3 +270,81 @@ STREAM_OPS = {
 
 
 test_stream_op_matches_cpu = stream_op_test(STREAM_OPS)
+
+
+# ---------------------------------------------------------------- numerics and layouts found by
+# PyTorch's own test_nn / test_modules run on axon
+
+@pytest.mark.parametrize("mode", ["own", "library"])
+def test_log_softmax_of_large_values_matches_cpu(mode, kernel_select_isolated):
+    """log_softmax next to a large maximum: (x - max) - log(sum), as the CPU
+    computes (x - (max + log(sum))) rounded log(sum) away: [-3, -2, -1, 0]);
+    cross_entropy and its gradient with it.  Both sides of kernel selection."""
+    torch.ops.axon._set_kernel_select(mode)
+    for offset in [1e7, -1e7, 3e4, 0.0]:
+        x = torch.tensor([[0.0, 1.0, 2.0, 3.0], [5.0, -1.0, 0.5, 2.0]]) + offset
+        for fn in [lambda t: F.log_softmax(t, -1), lambda t: F.softmax(t, -1)]:
+            assert_same(fn(x.to("axon")), fn(x))
+        target = torch.tensor([0, 2])
+        xc, xa = leaf(x, "cpu"), leaf(x, "axon")
+        lc, la = F.cross_entropy(xc, target), F.cross_entropy(xa, target.to("axon"))
+        lc.backward()
+        la.backward()
+        assert_same(la, lc.detach())
+        assert_same(xa.grad, xc.grad)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "softmax", "log_softmax"])
+def test_long_rows_keep_float32_accuracy(op, kernel_select_isolated):
+    """float32 rows of 2**21 elements: the row sums of axon's fused kernels
+    (selection forced to them) stay accurate (block sums in double), within 2x
+    of the CPU's error against a float64 reference (they accumulated in
+    float32: 1e-6 and more at 2**20)."""
+    torch.ops.axon._set_kernel_select("own")
+    n = 1 << 21
+    x = make((1, n), torch.float64, low=-1.0, high=3.0, seed=7)
+    fn = {"layer_norm": lambda t: F.layer_norm(t, [n]),
+          "rms_norm": lambda t: F.rms_norm(t, [n]),
+          "softmax": lambda t: F.softmax(t, -1) * n,
+          "log_softmax": lambda t: F.log_softmax(t, -1)}[op]
+    want = fn(x)
+    err_cpu = (fn(x.float()).double() - want).abs().max().item()
+    err_axon = (fn(x.float().to("axon")).cpu().double() - want).abs().max().item()
+    assert err_axon <= 2 * err_cpu + 1e-7, (err_axon, err_cpu)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_values_do_not_depend_on_the_input_layout(dtype, log):
+    """A transposed (or channels_last) input gives bit for bit the values of
+    the same input made contiguous, forward and backward (a strided input went
+    to the CPU's kernel, a contiguous one to axon's: 13% apart in float16)."""
+    fn = F.log_softmax if log else F.softmax
+    base = make((3, 5, 7), dtype, seed=3).to("axon")
+    for strided in [base.transpose(0, 1), base.permute(2, 0, 1), base[:, :, ::2]]:
+        dense = strided.contiguous()
+        a, b = leaf(strided, "axon"), leaf(dense, "axon")
+        ya, yb = fn(a, -1), fn(b, -1)
+        assert torch.equal(ya.cpu(), yb.cpu())
+        g = make(tuple(ya.shape), dtype, seed=4).to("axon")
+        ya.backward(g.transpose(0, 1).contiguous().transpose(0, 1) if g.dim() > 1 else g)
+        yb.backward(g)
+        assert torch.equal(a.grad.cpu(), b.grad.cpu())
+
+
+@pytest.mark.parametrize("weight", [False, True])
+def test_rms_norm_keeps_channels_last_like_cpu(weight):
+    """F.rms_norm (the fused kernel on axon) of a channels_last input: result
+    and input gradient in the CPU's layout (channels_last), with its values."""
+    x = make((2, 4, 6, 6), torch.float32).contiguous(memory_format=torch.channels_last)
+    w = make((6,), torch.float32, seed=2) if weight else None
+    xc, xa = leaf(x, "cpu"), leaf(x, "axon")
+    yc = F.rms_norm(xc, [6], w)
+    ya = F.rms_norm(xa, [6], None if w is None else w.to("axon"))
+    assert ya.stride() == yc.stride()
+    g = make((2, 4, 6, 6), torch.float32, seed=5)
+    yc.backward(g)
+    ya.backward(g.to("axon"))
+    assert xa.grad.stride() == xc.grad.stride()
+    assert_same(ya, yc.detach())
+    assert_same(xa.grad, xc.grad)

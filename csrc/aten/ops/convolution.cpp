@@ -109,7 +109,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
       "replication_pad3d_backward", "reflection_pad1d_backward.grad_input",
       "replication_pad1d_backward.grad_input", "grid_sampler_3d", "grid_sampler_3d_backward",
       "_upsample_nearest_exact1d_backward.grad_input",
-      "adaptive_max_pool3d_backward.grad_input"
+      "adaptive_max_pool3d_backward.grad_input",
+      // functional forms of structured ops, so that their results take the
+      // CPU's memory format (GenericKernel.cpp's cpu_layout)
+      "replication_pad2d", "reflection_pad3d", "replication_pad3d", "reflection_pad3d_backward"
   });
 }
 

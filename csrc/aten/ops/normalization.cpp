@@ -237,6 +237,15 @@ double default_eps(c10::ScalarType t) {
                           : std::numeric_limits<float>::epsilon();
 }
 
+// A contiguous result laid out as `input` (channels_last, ...), as the CPU's
+// composite rms_norm (pointwise ops that follow their input) gives it.
+at::Tensor like_input_layout(const at::Tensor& result, const at::Tensor& input) {
+  if (input.is_contiguous() || !input.is_non_overlapping_and_dense()) return result;
+  at::Tensor laid = at::empty_like(input, result.options());
+  laid.copy_(result);
+  return laid;
+}
+
 // rms_norm is composite in ATen; on axon it goes to _fused_rms_norm (which
 // has a derivative) whenever our kernel takes the inputs, as on CUDA.
 at::Tensor rms_norm_autograd(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
@@ -314,7 +323,7 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input,
           cr.view().view({rows, 1}).copy_(r);
         };
       });
-  return {out, rstd};
+  return {like_input_layout(out, input), rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
@@ -371,15 +380,18 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
   } else if (dw32.defined()) {
     dw32.zero_();
   }
-  return {dx, dw32.defined() ? as_param_dtype(dw32, weight) : dw32};
+  return {dx.defined() ? like_input_layout(dx, input) : dx,
+          dw32.defined() ? as_param_dtype(dw32, weight) : dw32};
 }
 
 // ------------------------------------------------------------ softmax
 
-// Last-dim softmax on contiguous rows: our kernel; anything else: ATen's.
+// Last-dim softmax: our kernel (or ATen's, as kernel selection measures) on
+// contiguous rows, a strided input copied to them first, so that the values
+// do not depend on the input's layout; anything else: ATen's.
 bool softmax_native(const at::Tensor& self, int64_t dim, bool half_to_float) {
   return !half_to_float && kernelDType(self.scalar_type()).has_value() && self.dim() > 0 &&
-         c10::maybe_wrap_dim(dim, self.dim()) == self.dim() - 1 && self.is_contiguous();
+         c10::maybe_wrap_dim(dim, self.dim()) == self.dim() - 1;
 }
 
 at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, bool half_to_float, bool log) {
@@ -396,16 +408,17 @@ at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, bool half_to_float,
   const int64_t cols = self.size(-1);
   const int64_t rows = cols == 0 ? 0 : self.numel() / cols;
   if (rows == 0) return out;
+  const at::Tensor x = self.contiguous();
   const kselect::Key key = kselect::makeKey(
       log ? kselect::Op::kLogSoftmax : kselect::Op::kSoftmax, self.scalar_type(), {rows, cols});
   kselect::launchSelected(
       device, log ? "aten::_log_softmax" : "aten::_softmax", key,
       [&] {
-        return [=, dt = *kernelDType(self.scalar_type()), xp = self.const_data_ptr(),
+        return [=, dt = *kernelDType(self.scalar_type()), xp = x.const_data_ptr(),
                 yp = out.data_ptr()] { k::softmax_forward(dt, rows, cols, xp, cols, yp, log); };
       },
       [&] {
-        return [x = cpu_kernel::capture(self), y = cpu_kernel::capture(out), log] {
+        return [x = cpu_kernel::capture(x), y = cpu_kernel::capture(out), log] {
           at::Tensor o = y.view();
           if (log) at::cpu::_log_softmax_outf(x.view(), -1, false, o);
           else at::cpu::_softmax_outf(x.view(), -1, false, o);
@@ -425,7 +438,7 @@ at::Tensor softmax_backward_impl(const at::Tensor& grad, const at::Tensor& outpu
                                  c10::ScalarType input_dtype, bool log) {
   const char* name = log ? "aten::_log_softmax_backward_data" : "aten::_softmax_backward_data";
   const auto device = opDevice(name, output, {&grad});
-  const bool native = softmax_native(output, dim, false) && grad.is_contiguous() &&
+  const bool native = softmax_native(output, dim, false) &&
                       grad.scalar_type() == output.scalar_type() &&
                       input_dtype == output.scalar_type() && grad.sizes() == output.sizes();
   if (!native) {
@@ -440,19 +453,21 @@ at::Tensor softmax_backward_impl(const at::Tensor& grad, const at::Tensor& outpu
   const int64_t cols = output.size(-1);
   const int64_t rows = cols == 0 ? 0 : output.numel() / cols;
   if (rows == 0) return dx;
+  const at::Tensor grad_c = grad.contiguous();
+  const at::Tensor output_c = output.contiguous();
   const kselect::Key key = kselect::makeKey(
       log ? kselect::Op::kLogSoftmaxBackward : kselect::Op::kSoftmaxBackward,
       output.scalar_type(), {rows, cols});
   kselect::launchSelected(
       device, name, key,
       [&] {
-        return [=, dt = *kernelDType(output.scalar_type()), gp = grad.const_data_ptr(),
-                yp = output.const_data_ptr(), dxp = dx.data_ptr()] {
+        return [=, dt = *kernelDType(output.scalar_type()), gp = grad_c.const_data_ptr(),
+                yp = output_c.const_data_ptr(), dxp = dx.data_ptr()] {
           k::softmax_backward(dt, rows, cols, gp, yp, dxp, log);
         };
       },
       [&] {
-        return [g = cpu_kernel::capture(grad), y = cpu_kernel::capture(output),
+        return [g = cpu_kernel::capture(grad_c), y = cpu_kernel::capture(output_c),
                 d = cpu_kernel::capture(dx), dtype = output.scalar_type(), log] {
           at::Tensor o = d.view();
           if (log) at::cpu::_log_softmax_backward_data_outf(g.view(), y.view(), -1, dtype, o);
