@@ -16,7 +16,18 @@ c10::DeviceIndex opDevice(const char* op, const at::Tensor& main,
 
 void checkSameDevice(const char* op, c10::DeviceIndex device, const at::Tensor& t) {
   if (!t.defined()) return;
-  TORCH_CHECK(device >= 0, op, ": expected an axon tensor among the arguments");
+  if (device < 0) {
+    // The op came here for an axon tensor in a list argument (indices) while
+    // its tensor arguments are elsewhere: PyTorch's errors for that.
+    const std::string name = op;
+    const bool indexing = name.rfind("aten::index", 0) == 0 ||
+                          name.rfind("aten::_index_put", 0) == 0 ||
+                          name.rfind("aten::_unsafe_index", 0) == 0;
+    TORCH_CHECK(!indexing, "indices should be either on cpu or on the same device as the "
+                "indexed tensor (", t.device(), ")");
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
+                "devices, ", t.device(), " and axon! (when checking arguments for ", op, ")");
+  }
   const c10::Device d = t.device();
   if (d.type() == kAxon && d.index() == device) return;
   if (d.is_cpu() && t.dim() == 0) return;

@@ -314,3 +314,20 @@ def test_forked_child_gets_a_clear_error():
     """)
     assert r.returncode == 0, r.stderr[-500:]
     assert r.stdout.split() == ["child", "0", "parent", "8.0", "False"], r.stdout
+
+
+def test_cpu_tensor_indexed_with_axon_indices_raises_like_cuda():
+    """A CPU tensor indexed with axon index tensors: PyTorch's error for it (as
+    with CUDA indices), for getitem and aten::index; setitem's in-place write
+    raises the mixed-device error.  axon indices on an axon tensor work."""
+    x = make((3, 4, 5), torch.float32)
+    idx = torch.tensor([0, 2, 1], device="axon")
+    for call in [lambda: x[idx], lambda: torch.ops.aten.index(x, [idx]),
+                 lambda: x[idx, idx]]:
+        with pytest.raises(RuntimeError, match=re.escape(
+                "indices should be either on cpu or on the same device as the indexed "
+                "tensor (cpu)")):
+            call()
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x[idx] = 1.0
+    assert_same(x.to("axon")[idx], x[idx.cpu()])
