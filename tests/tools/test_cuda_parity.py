@@ -20,6 +20,10 @@ import torch
 PRIVATE = ["memory._record_memory_history", "memory._snapshot", "memory._dump_snapshot"]
 
 PRESENT = [
+    # legacy typed-storage classes (tensor.storage_type())
+    "BFloat16Storage", "BoolStorage", "ByteStorage", "CharStorage", "ComplexDoubleStorage",
+    "ComplexFloatStorage", "DoubleStorage", "FloatStorage", "HalfStorage", "IntStorage",
+    "LongStorage", "ShortStorage",
     # devices
     "is_available", "is_initialized", "init", "device_count", "current_device", "set_device",
     "device", "device_of", "synchronize", "get_device_name", "get_device_properties",
@@ -55,7 +59,7 @@ PRESENT = [
 RENAMED = {"CUDAGraph": "AxonGraph"}
 
 _IMPORT = "an import of torch/cuda/__init__.py, not API"
-_LEGACY_TYPE = ("a legacy per-dtype tensor/storage type (torch.cuda.FloatTensor); PrivateUse1 has "
+_LEGACY_TYPE = ("a legacy per-dtype tensor type (torch.cuda.FloatTensor); PrivateUse1 has "
                 "none: use torch.tensor(..., dtype=..., device='axon')")
 INTENTIONALLY_ABSENT = {
     **{n: _IMPORT for n in (
@@ -65,9 +69,7 @@ INTENTIONALLY_ABSENT = {
     **{f"{t}{kind}": _LEGACY_TYPE
        for t in ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long",
                  "Short")
-       for kind in ("Tensor", "Storage")},
-    "ComplexDoubleStorage": _LEGACY_TYPE,
-    "ComplexFloatStorage": _LEGACY_TYPE,
+       for kind in ("Tensor",)},
     "nvtx": "NVIDIA Tools Extension ranges for Nsight; use torch.profiler.record_function",
     "jiterator": "runtime-compiled CUDA C++ elementwise kernels (NVRTC)",
     "nccl": "NCCL bindings; axon's collectives are the 'axon' process-group backend",
@@ -276,3 +278,21 @@ def test_deprecated_aliases():
     with pytest.warns(FutureWarning, match="reset_peak_memory_stats"):
         torch.axon.reset_max_memory_cached(0)
     assert torch.axon.is_tf32_supported() is False
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+def test_legacy_storage_types_like_cuda():
+    """tensor.storage_type() of an axon tensor is torch.axon's legacy class for
+    its dtype (torch.cuda.FloatStorage for CUDA; it was None), isinstance works
+    as for CUDA's, and the class makes typed storages on axon."""
+    for dtype, name in [(torch.float32, "FloatStorage"), (torch.bfloat16, "BFloat16Storage"),
+                        (torch.int64, "LongStorage"), (torch.bool, "BoolStorage"),
+                        (torch.complex64, "ComplexFloatStorage")]:
+        x = torch.zeros(3, dtype=dtype, device="axon")
+        cls = getattr(torch.axon, name)
+        assert x.storage_type() is cls
+        assert isinstance(x.storage(), cls)
+        assert not isinstance(torch.zeros(3, dtype=dtype).storage(), cls)
+        s = cls(5)
+        assert s.device.type == "axon" and s.dtype == dtype and s.size() == 5
+        assert torch.is_storage(s)

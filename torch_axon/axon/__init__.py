@@ -14,6 +14,7 @@ from .memory import *  # noqa: F401,F403
 from .random import *  # noqa: F401,F403
 from .streams import *  # noqa: F401,F403
 from .graphs import *  # noqa: F401,F403
+from .legacy_storage import *  # noqa: F401,F403
 from . import amp  # noqa: F401,E402  (the deprecated torch.cuda.amp names)
 
 # Set as torch.cuda's is once initialised; torch.utils.checkpoint reads it to
