@@ -322,7 +322,12 @@ std::optional<int> without_meta(const c10::FunctionSchema& schema) {
 // kFormatOfArg0/1: the memory format the first (second) argument suggests
 // (channels_last for a channels_last input), as the CPU's padding kernels and
 // their backwards allocate.
-enum class Layout { kIterator, kContiguous, kConvolution, kFormatOfArg0, kFormatOfArg1 };
+// kPool3dArg0/1: every result dense with its dimensions in the order of the
+// first (second) argument's strides, as the CPU's 3-D max pooling lays out
+// (an unbatched [C, D, H, W] input with the channel innermost included).
+enum class Layout {
+  kIterator, kContiguous, kConvolution, kFormatOfArg0, kFormatOfArg1, kPool3dArg0, kPool3dArg1
+};
 std::optional<Layout> cpu_layout(const c10::FunctionSchema& schema) {
   static const std::unordered_map<std::string, Layout> ops = {
       {"aten::floor_divide", Layout::kIterator},
@@ -338,7 +343,9 @@ std::optional<Layout> cpu_layout(const c10::FunctionSchema& schema) {
       {"aten::reflection_pad2d_backward", Layout::kFormatOfArg1},
       {"aten::replication_pad2d_backward", Layout::kFormatOfArg1},
       {"aten::reflection_pad3d_backward", Layout::kFormatOfArg1},
-      {"aten::replication_pad3d_backward", Layout::kFormatOfArg1}};
+      {"aten::replication_pad3d_backward", Layout::kFormatOfArg1},
+      {"aten::max_pool3d_with_indices", Layout::kPool3dArg0},
+      {"aten::max_pool3d_with_indices_backward", Layout::kPool3dArg1}};
   if (!schema.overload_name().empty()) return std::nullopt;
   const auto it = ops.find(schema.name());
   if (it == ops.end()) return std::nullopt;
@@ -566,6 +573,31 @@ void genericStreamKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
 
   if (layout == Layout::kConvolution) {
     if (plan.kind == OpPlan::Kind::kFunctional) apply_conv_layout(schema, meta_args, meta);
+  } else if (layout == Layout::kPool3dArg0 || layout == Layout::kPool3dArg1) {
+    const size_t arg = layout == Layout::kPool3dArg0 ? 0 : 1;
+    if (plan.kind == OpPlan::Kind::kFunctional && meta_args.size() > arg &&
+        meta_args[arg].isTensor() && meta_args[arg].toTensor().defined()) {
+      const at::Tensor& like = meta_args[arg].toTensor();
+      // Dimensions in the order of the argument's strides, outermost first.
+      std::vector<int64_t> order(like.dim());
+      for (int64_t d = 0; d < like.dim(); ++d) order[d] = d;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+      for (c10::IValue& r : meta) {
+        if (!r.isTensor() || !r.toTensor().defined()) continue;
+        const at::Tensor& m = r.toTensor();
+        if (m.dim() != like.dim()) continue;
+        std::vector<int64_t> strides(m.dim());
+        int64_t next = 1;
+        for (auto it = order.rbegin(); it != order.rend(); ++it) {
+          strides[*it] = next;
+          next *= std::max<int64_t>(m.size(*it), 1);
+        }
+        if (m.strides() == IntArrayRef(strides)) continue;
+        r = at::detail::empty_strided_meta(m.sizes(), strides, m.scalar_type(), std::nullopt,
+                                           c10::Device(c10::kMeta), std::nullopt);
+      }
+    }
   } else if (layout == Layout::kFormatOfArg0 || layout == Layout::kFormatOfArg1) {
     const size_t arg = layout == Layout::kFormatOfArg0 ? 0 : 1;
     if (plan.kind == OpPlan::Kind::kFunctional && meta.size() == 1 && meta[0].isTensor() &&

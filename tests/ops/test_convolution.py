@@ -167,3 +167,31 @@ def test_padding_keeps_channels_last_like_cpu(mode, shape):
     assert xa.grad.stride() == xc.grad.stride()
     assert_same(ya, yc.detach())
     assert_same(xa.grad, xc.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", ["unbatched_channel_innermost", "unbatched", "batched_cl3d",
+                                  "batched", "batch1_cl3d"])
+def test_max_pool3d_layout_matches_cpu(case, dtype):
+    """max_pool3d with indices (and its backward) lays results out as the CPU
+    does, in the input's dimension order: an unbatched [C, D, H, W] input with
+    the channel innermost gave contiguous results on axon."""
+    x = {"unbatched_channel_innermost": lambda: make((1, 6, 8, 8, 8), dtype).contiguous(
+             memory_format=torch.channels_last_3d).squeeze(0),
+         "unbatched": lambda: make((6, 8, 8, 8), dtype),
+         "batched_cl3d": lambda: make((2, 6, 8, 8, 8), dtype).contiguous(
+             memory_format=torch.channels_last_3d),
+         "batched": lambda: make((2, 6, 8, 8, 8), dtype),
+         "batch1_cl3d": lambda: make((1, 6, 8, 8, 8), dtype).contiguous(
+             memory_format=torch.channels_last_3d)}[case]()
+    xc, xa = x.clone().requires_grad_(), x.to("axon").requires_grad_()
+    oc, ic = F.max_pool3d(xc, 2, return_indices=True)
+    oa, ia = F.max_pool3d(xa, 2, return_indices=True)
+    assert (oa.stride(), ia.stride()) == (oc.stride(), ic.stride())
+    g = make(tuple(oc.shape), dtype, seed=4)
+    oc.backward(g)
+    oa.backward(g.to("axon"))
+    assert xa.grad.stride() == xc.grad.stride()
+    assert_same(oa, oc.detach())
+    assert_same(ia, ic)
+    assert_same(xa.grad, xc.grad)
