@@ -143,7 +143,9 @@ at::Tensor device_like(const at::Tensor& meta, c10::DeviceIndex device) {
 // Carries a Meta kernel's resize of an out= argument over to the axon tensor.
 void apply_geometry(const at::Tensor& meta, const at::Tensor& dev) {
   if (!meta.defined() || !dev.defined()) return;
-  if (meta.sizes() == dev.sizes() && meta.strides() == dev.strides()) return;
+  // An out= of the right shape keeps its strides, as ATen's resize_output
+  // leaves it (some Meta decompositions restride it).
+  if (meta.sizes() == dev.sizes()) return;
   at::Tensor d = dev;
   d.resize_(meta.sizes());
   if (d.strides() != meta.strides()) {
@@ -620,6 +622,22 @@ void genericStreamKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
       at::Tensor result = r.toTensor();
       apply_cpu_layout(*layout, meta_args, result);
       r = result;
+    }
+  }
+  if (plan.kind == OpPlan::Kind::kMutating && !schema.name().empty() &&
+      schema.name().back() == '_') {
+    // An in-place op cannot resize self: the CPU kernel's error (some Meta
+    // decompositions resize it with a warning instead).
+    size_t w = 0;
+    for (size_t i = 0; i < num_args; ++i) {
+      if (!plan.written[i]) continue;
+      const c10::IValue& m = written_meta[w++];
+      const c10::IValue& d = (*stack)[begin + i];
+      if (m.isTensor() && d.isTensor() && m.toTensor().defined() && d.toTensor().defined()) {
+        TORCH_CHECK(m.toTensor().sizes() == d.toTensor().sizes(), "output with shape ",
+                    d.toTensor().sizes(), " doesn't match the broadcast shape ",
+                    m.toTensor().sizes());
+      }
     }
   }
   if (plan.kind == OpPlan::Kind::kMutating &&

@@ -322,3 +322,67 @@ def test_out_on_another_device_raises_every_op_db_op():
                 failures.append(f"{label}: out= written")
     assert checked > 300, checked
     assert not failures, f"{len(failures)} out= calls:\n" + "\n".join(failures)
+
+
+# ---------------------------------------------------------------- found by PyTorch's own
+# test_ops (TestCommon) on axon
+
+@pytest.mark.parametrize("op", ["floor_divide_", "div_floor", "add_", "mul_", "atan2_",
+                                "copysign_", "fmod_", "remainder_"])
+def test_inplace_op_that_would_resize_self_raises_like_cpu(op):
+    """An in-place op whose broadcast shape is not self's raises the CPU's error
+    (axon's floor_divide_ used to resize self to [5, 5] with a warning)."""
+    fn = {"floor_divide_": lambda a, b: a.floor_divide_(b),
+          "div_floor": lambda a, b: a.div_(b, rounding_mode="floor"),
+          "add_": lambda a, b: a.add_(b), "mul_": lambda a, b: a.mul_(b),
+          "atan2_": lambda a, b: a.atan2_(b), "copysign_": lambda a, b: a.copysign_(b),
+          "fmod_": lambda a, b: a.fmod_(b), "remainder_": lambda a, b: a.remainder_(b)}[op]
+    a, b = make((5, 1), torch.float32), make((5,), torch.float32, low=1, high=4, seed=2)
+    with pytest.raises(RuntimeError, match=re.escape("doesn't match the broadcast shape")):
+        fn(a.clone(), b)
+    ad = a.to("axon")
+    with pytest.raises(RuntimeError, match=re.escape(
+            "output with shape [5, 1] doesn't match the broadcast shape [5, 5]")):
+        fn(ad, b.to("axon"))
+    assert ad.shape == (5, 1)
+    assert_same(ad, a)  # untouched
+
+
+def test_strided_out_of_the_right_shape_keeps_its_strides():
+    """out= with the result's shape but a stride keeps that stride and is written
+    in place, as on the CPU (linalg_solve's Meta kernel restrided it)."""
+    A = make((5, 5), torch.float32) + 5 * torch.eye(5)
+    b = make((5,), torch.float32, seed=3)
+    for fn in [lambda A, b, out: torch.linalg.solve(A, b, out=out),
+               lambda A, b, out: torch.linalg.solve_ex(A, b, out=(out, torch.empty(
+                   (), dtype=torch.int32, device=out.device)))]:
+        base_c, base_a = torch.zeros(10), torch.zeros(10, device="axon")
+        out_c, out_a = base_c[::2], base_a[::2]
+        fn(A, b, out_c)
+        fn(A.to("axon"), b.to("axon"), out_a)
+        assert out_a.stride() == out_c.stride() == (2,)
+        assert_same(base_a, base_c)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multi_margin_loss_of_a_0dim_input_is_a_scalar(reduction):
+    """multi_margin_loss of a 0-dim input and target: a scalar for every
+    reduction, as on the CPU (reduction='none' gave the Meta kernel's [1])."""
+    x, t = torch.tensor(0.3), torch.tensor(0)
+    want = F.multi_margin_loss(x, t, p=1, margin=0.5, reduction=reduction)
+    got = F.multi_margin_loss(x.to("axon"), t.to("axon"), p=1, margin=0.5, reduction=reduction)
+    assert got.shape == want.shape
+    assert_same(got, want)
+
+
+def test_conj_physical_inplace_on_complex():
+    """conj_physical_ on complex axon tensors (contiguous and transposed) as on
+    the CPU (it stopped at an internal DispatchStub assertion)."""
+    for dtype in [torch.complex64, torch.complex128, torch.float32]:
+        x = make((4, 6), dtype)
+        if dtype.is_complex:
+            x = x + 1j * make((4, 6), dtype, seed=5)
+        for view in [lambda t: t, lambda t: t.t()]:
+            want = view(x.clone()).conj_physical_()
+            got = view(x.to("axon")).conj_physical_()
+            assert_same(got, want)

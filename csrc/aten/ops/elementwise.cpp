@@ -370,7 +370,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
       "special_shifted_chebyshev_polynomial_v.out",
       "special_shifted_chebyshev_polynomial_w.out", "special_hermite_polynomial_h.out",
       "special_hermite_polynomial_he.out", "special_laguerre_polynomial_l.out",
-      "special_legendre_polynomial_p.out", "gcd.out", "lcm.out", "conj_physical.out"
+      "special_legendre_polynomial_p.out", "gcd.out", "lcm.out", "conj_physical.out",
+      "conj_physical_"
   });
 }
 
