@@ -132,41 +132,29 @@ AXON_INLINE float sum_of(int64_t n, const Term& term) {
   constexpr int64_t kBlock = 64 * 4 * kLanes;
   Vec a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t i = 0;
-  if (n > kBlock) {
-    double total = 0.0;
-    for (; i + kBlock <= n;) {
-      a0 = a1 = a2 = a3 = Vec{};
-      for (const int64_t end = i + kBlock; i < end; i += 4 * kLanes) {
-        a0 += term(VecAt{i});
-        a1 += term(VecAt{i + kLanes});
-        a2 += term(VecAt{i + 2 * kLanes});
-        a3 += term(VecAt{i + 3 * kLanes});
-      }
-      total += static_cast<double>(reduce_add((a0 + a1) + (a2 + a3)));
-    }
-    a0 = a1 = a2 = a3 = Vec{};
-    for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
-      a0 += term(VecAt{i});
-      a1 += term(VecAt{i + kLanes});
-      a2 += term(VecAt{i + 2 * kLanes});
-      a3 += term(VecAt{i + 3 * kLanes});
-    }
-    for (; i + kLanes <= n; i += kLanes) a0 += term(VecAt{i});
-    double tail = 0.0;
-    for (; i < n; ++i) tail += static_cast<double>(term(i));
-    return static_cast<float>(total + static_cast<double>(reduce_add((a0 + a1) + (a2 + a3))) +
-                              tail);
-  }
-  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+  const auto add4 = [&]() AXON_INLINE_LAMBDA {  // the four vectors from i on
     a0 += term(VecAt{i});
     a1 += term(VecAt{i + kLanes});
     a2 += term(VecAt{i + 2 * kLanes});
     a3 += term(VecAt{i + 3 * kLanes});
+    i += 4 * kLanes;
+  };
+  double total = 0.0;  // the block sums of a row longer than a block
+  for (; n > kBlock && i + kBlock <= n;) {
+    for (const int64_t end = i + kBlock; i < end;) add4();
+    total += static_cast<double>(reduce_add((a0 + a1) + (a2 + a3)));
+    a0 = a1 = a2 = a3 = Vec{};
   }
+  while (i + 4 * kLanes <= n) add4();
   for (; i + kLanes <= n; i += kLanes) a0 += term(VecAt{i});
-  float tail = 0.0f;
-  for (; i < n; ++i) tail += term(i);
-  return reduce_add((a0 + a1) + (a2 + a3)) + tail;
+  if (n <= kBlock) {
+    float tail = 0.0f;
+    for (; i < n; ++i) tail += term(i);
+    return reduce_add((a0 + a1) + (a2 + a3)) + tail;
+  }
+  double tail = 0.0;
+  for (; i < n; ++i) tail += static_cast<double>(term(i));
+  return static_cast<float>(total + static_cast<double>(reduce_add((a0 + a1) + (a2 + a3))) + tail);
 }
 
 // Maximum over [0, n) of term(i); -inf if n == 0.
