@@ -29,7 +29,7 @@ namespace axon::comm {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x41584f4e434f4d31ull;  // "AXONCOM1"
+constexpr uint64_t kMagic = 0x41584f4e434f4d32ull;  // "AXONCOM2" (signatures with a layout)
 constexpr size_t kAlign = 64;
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }

@@ -324,9 +324,9 @@ std::optional<int> without_meta(const c10::FunctionSchema& schema) {
 // kFormatOfArg0/1: the memory format the first (second) argument suggests
 // (channels_last for a channels_last input), as the CPU's padding kernels and
 // their backwards allocate.
-// kPool3dArg0/1: every result dense with its dimensions in the order of the
-// first (second) argument's strides, as the CPU's 3-D max pooling lays out
-// (an unbatched [C, D, H, W] input with the channel innermost included).
+// kPool3dArg0/1: every result in the first (second) argument's format as the
+// CPU's 3-D max pooling decides it (an unbatched [C, D, H, W] input judged as
+// [1, C, D, H, W]).
 enum class Layout {
   kIterator, kContiguous, kConvolution, kFormatOfArg0, kFormatOfArg1, kPool3dArg0, kPool3dArg1
 };
@@ -580,21 +580,25 @@ void genericStreamKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
     if (plan.kind == OpPlan::Kind::kFunctional && meta_args.size() > arg &&
         meta_args[arg].isTensor() && meta_args[arg].toTensor().defined()) {
       const at::Tensor& like = meta_args[arg].toTensor();
-      // Dimensions in the order of the argument's strides, outermost first.
-      std::vector<int64_t> order(like.dim());
-      for (int64_t d = 0; d < like.dim(); ++d) order[d] = d;
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+      // The CPU's rule: a batched input's suggested format; an unbatched one
+      // [C, D, H, W] channels_last_3d as [1, C, D, H, W] when that is
+      // channels_last_3d-contiguous (and not contiguous), else contiguous.
+      const bool unbatched = like.dim() == 4;
+      at::MemoryFormat format = like.suggest_memory_format();
+      if (unbatched) {
+        const at::Tensor u = like.unsqueeze(0);
+        format = !u.is_contiguous() && u.is_contiguous(at::MemoryFormat::ChannelsLast3d)
+                     ? at::MemoryFormat::ChannelsLast3d
+                     : at::MemoryFormat::Contiguous;
+      }
       for (c10::IValue& r : meta) {
         if (!r.isTensor() || !r.toTensor().defined()) continue;
         const at::Tensor& m = r.toTensor();
         if (m.dim() != like.dim()) continue;
-        std::vector<int64_t> strides(m.dim());
-        int64_t next = 1;
-        for (auto it = order.rbegin(); it != order.rend(); ++it) {
-          strides[*it] = next;
-          next *= std::max<int64_t>(m.size(*it), 1);
-        }
+        std::vector<int64_t> sizes = m.sizes().vec();
+        if (unbatched) sizes.insert(sizes.begin(), 1);
+        std::vector<int64_t> strides = stridesForFormat(sizes, format);
+        if (unbatched) strides.erase(strides.begin());
         if (m.strides() == IntArrayRef(strides)) continue;
         r = at::detail::empty_strided_meta(m.sizes(), strides, m.scalar_type(), std::nullopt,
                                            c10::Device(c10::kMeta), std::nullopt);

@@ -1,6 +1,8 @@
 // Tensor <-> axon::comm conversions (see CommTypes.h).
 #include "CommTypes.h"
 
+#include <algorithm>
+
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 
@@ -107,7 +109,13 @@ int layoutTag(const at::Tensor& t) {
   }
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return t.stride(a) > t.stride(b); });
-  return comm::ShmGroup::layout_tag(order.data(), static_cast<int>(order.size()));
+  // Renumbered among those dimensions (layout_tag takes a permutation).
+  std::vector<int> rank(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    rank[i] = static_cast<int>(std::count_if(order.begin(), order.end(),
+                                             [&](int d) { return d < order[i]; }));
+  }
+  return comm::ShmGroup::layout_tag(rank.data(), static_cast<int>(rank.size()));
 }
 
 std::optional<comm::SharedBuffer> sharedBuffer(const at::Tensor& t) {

@@ -927,3 +927,22 @@ def test_cpp_wrapper_and_aotinductor_say_they_are_not_supported(tmp_path):
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(m)(x).cpu(), m(x).cpu())
     torch.testing.assert_close(ep.module()(x).cpu(), m(x).cpu())
+
+
+def test_dynamic_batch_conv3d_channels_last_follows_eager_layout():
+    """A channels_last_3d Conv3d compiled with dynamic shapes: the CPU's backend
+    (so eager axon) lays the result out channels_last_3d for batch 2 and 3 but
+    contiguous for batch 1; the compiled graph specialises what the choice
+    depends on, so every batch gets eager's layout and values."""
+    torch.manual_seed(0)
+    m = nn.Conv3d(4, 8, 3).axon()
+    f = torch.compile(lambda x: m(x) * 2, backend="axon", dynamic=True)
+    layouts = set()
+    for n in [2, 3, 1, 4]:
+        x = make((n, 4, 6, 6, 6), torch.float32, seed=n).axon().contiguous(
+            memory_format=torch.channels_last_3d)
+        got, want = f(x), m(x) * 2
+        assert got.stride() == want.stride()
+        layouts.add(want.is_contiguous())
+        assert_same(got, want.detach().cpu(), accum=True)
+    assert layouts == {True, False}  # both layouts were exercised

@@ -171,7 +171,8 @@ def test_padding_keeps_channels_last_like_cpu(mode, shape):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", ["unbatched_channel_innermost", "unbatched", "batched_cl3d",
-                                  "batched", "batch1_cl3d"])
+                                  "batched", "batch1_cl3d", "permuted", "expanded",
+                                  "one_channel_cl3d", "unbatched_permuted"])
 def test_max_pool3d_layout_matches_cpu(case, dtype):
     """max_pool3d with indices (and its backward) lays results out as the CPU
     does, in the input's dimension order: an unbatched [C, D, H, W] input with
@@ -183,7 +184,12 @@ def test_max_pool3d_layout_matches_cpu(case, dtype):
              memory_format=torch.channels_last_3d),
          "batched": lambda: make((2, 6, 8, 8, 8), dtype),
          "batch1_cl3d": lambda: make((1, 6, 8, 8, 8), dtype).contiguous(
-             memory_format=torch.channels_last_3d)}[case]()
+             memory_format=torch.channels_last_3d),
+         "permuted": lambda: make((2, 3, 8, 8, 8), dtype).transpose(2, 4),
+         "expanded": lambda: make((1, 3, 8, 8, 8), dtype).expand(2, 3, 8, 8, 8),
+         "one_channel_cl3d": lambda: make((2, 1, 8, 8, 8), dtype).contiguous(
+             memory_format=torch.channels_last_3d),
+         "unbatched_permuted": lambda: make((3, 8, 8, 8), dtype).transpose(1, 3)}[case]()
     xc, xa = x.clone().requires_grad_(), x.to("axon").requires_grad_()
     oc, ic = F.max_pool3d(xc, 2, return_indices=True)
     oa, ia = F.max_pool3d(xa, 2, return_indices=True)
@@ -195,3 +201,21 @@ def test_max_pool3d_layout_matches_cpu(case, dtype):
     assert_same(oa, oc.detach())
     assert_same(ia, ic)
     assert_same(xa.grad, xc.grad)
+
+
+@pytest.mark.parametrize("batch", [4, 0])
+def test_conv1d_of_a_transposed_input_matches_cpu(batch):
+    """conv1d of a [N, L, C] tensor transposed to [N, C, L] (audio and sequence
+    models): the CPU's values and layout, forward and backward."""
+    x = make((batch, 50, 16), torch.float32).transpose(1, 2)
+    w = make((8, 16, 3), torch.float32, seed=2)
+    xc, xa = x.detach().clone().requires_grad_(), x.detach().to("axon").requires_grad_()
+    yc, ya = F.conv1d(xc, w), F.conv1d(xa, w.to("axon"))
+    assert ya.stride() == yc.stride()
+    assert_same(ya, yc.detach(), accum=True)
+    if batch:
+        g = make(tuple(yc.shape), torch.float32, seed=3)
+        yc.backward(g)
+        ya.backward(g.to("axon"))
+        assert xa.grad.stride() == xc.grad.stride()
+        assert_same(xa.grad, xc.grad, accum=True)

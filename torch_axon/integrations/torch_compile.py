@@ -89,10 +89,6 @@ def batch_norm_statistics_like_cpu(decompositions) -> None:
     decompositions.native_batch_norm_helper = native_batch_norm_helper
 
 
-def _hint(v) -> int:
-    """An int, or a SymInt's hint (raises where it has none)."""
-    node = getattr(v, "node", None)
-    return int(node.require_hint()) if node is not None else int(v)
 
 
 @on_import("torch._subclasses.fake_impls")
@@ -106,8 +102,10 @@ def conv_layout_like_cpu(fake_impls) -> None:
     CPU's convolution and, like it, returns channels_last results for
     channels_last inputs or weights (where the CPU's backend does:
     ``_C._conv_memory_format``); the wrapper gives axon's fake results that
-    format, so compiled code lays tensors out as eager does.  (An empty batch,
-    whose eager layout follows the input's strides, keeps upstream's layout.)
+    format, so compiled code lays tensors out as eager does; where the input or
+    weight is not contiguous, the sizes the choice depends on are specialised.
+    (An empty batch, whose eager layout follows the input's strides, keeps
+    upstream's layout.)
     """
     import torch
 
@@ -127,18 +125,23 @@ def conv_layout_like_cpu(fake_impls) -> None:
             device = getattr(input_, "fake_device", None)
             if device is None or device.type != "axon" or input_.dim() not in (3, 4, 5):
                 return out
+            if input_.is_contiguous() and weight.is_contiguous():
+                return out  # contiguous results, whatever the sizes
+            # The CPU backend's choice depends on the sizes: int() specialises
+            # them (guards), so a graph is not reused for sizes that would
+            # lay the result out otherwise.
             try:
-                if _hint(input_.shape[0]) == 0:
+                if int(input_.shape[0]) == 0:
                     return out
                 bias_sizes = kw.get("bias_sizes")
                 fmt = _C._conv_memory_format(
-                    [_hint(v) for v in input_.shape], [_hint(v) for v in input_.stride()],
-                    [_hint(v) for v in weight.shape], [_hint(v) for v in weight.stride()],
-                    input_.dtype, None if bias_sizes is None else [_hint(v) for v in bias_sizes],
-                    [_hint(v) for v in kw["stride"]], [_hint(v) for v in kw["padding"]],
-                    [_hint(v) for v in kw["dilation"]], bool(kw["transposed"]),
-                    [_hint(v) for v in kw["output_padding"]], _hint(kw["groups"]))
-            except Exception:  # unhinted sizes: upstream's layout
+                    [int(v) for v in input_.shape], [int(v) for v in input_.stride()],
+                    [int(v) for v in weight.shape], [int(v) for v in weight.stride()],
+                    input_.dtype, None if bias_sizes is None else [int(v) for v in bias_sizes],
+                    [int(v) for v in kw["stride"]], [int(v) for v in kw["padding"]],
+                    [int(v) for v in kw["dilation"]], bool(kw["transposed"]),
+                    [int(v) for v in kw["output_padding"]], int(kw["groups"]))
+            except Exception:  # sizes without a value (unbacked): upstream's layout
                 return out
             if fmt == torch.contiguous_format:
                 return out

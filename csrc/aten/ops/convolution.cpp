@@ -22,7 +22,8 @@ namespace at::axon {
 namespace {
 
 // A CPU tensor with `sizes`, `strides` and `dtype` over memory that is never
-// read: ATen's backend choice looks at metadata only.
+// read: ATen's backend choice looks at metadata only (nothing may copy from
+// it: a 1-D input, which ATen makes contiguous, is given contiguous).
 at::Tensor cpuStandIn(IntArrayRef sizes, IntArrayRef strides, c10::ScalarType dtype) {
   alignas(64) static char never_read[64];
   return at::from_blob(never_read, sizes, strides,
@@ -40,7 +41,13 @@ at::MemoryFormat convMemoryFormat(IntArrayRef input_sizes, IntArrayRef input_str
       input_sizes.size() > 5) {
     return at::MemoryFormat::Contiguous;  // the op's own checks reject these
   }
-  at::Tensor input = cpuStandIn(input_sizes, input_strides, dtype);
+  // A 1-D convolution's input is made contiguous first (by ATen's backend
+  // choice too, which would copy from the stand-in): contiguous from the start.
+  const auto input_c = c10::contiguous_strides(input_sizes);
+  const std::vector<int64_t> contiguous_input(input_c.begin(), input_c.end());
+  at::Tensor input = cpuStandIn(
+      input_sizes, input_sizes.size() == 3 ? IntArrayRef(contiguous_input) : input_strides,
+      dtype);
   at::Tensor weight = cpuStandIn(weight_sizes, weight_strides, dtype);
   const auto sym = [](IntArrayRef a) { return c10::fromIntArrayRefSlow(a); };
   std::optional<std::vector<c10::SymInt>> bias_sym;
@@ -58,7 +65,7 @@ at::MemoryFormat convMemoryFormat(IntArrayRef input_sizes, IntArrayRef input_str
     return at::MemoryFormat::Contiguous;  // invalid arguments: the kernel raises
   }
   if (input.dim() == 3) {  // ATen decides 1-D convolutions' layout as [N, C, 1, L]
-    input = input.contiguous().unsqueeze(2);
+    input = input.unsqueeze(2);
     weight = weight.unsqueeze(2);
   }
   return at::native::_determine_backend_memory_format(input, weight, backend);
