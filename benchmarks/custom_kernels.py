@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/custom_kernels.py [--repeats 3] [--dtypes float32,bfloat16]
     .venv/bin/python benchmarks/custom_kernels.py --quick       # small shapes, seconds
     .venv/bin/python benchmarks/custom_kernels.py --no-compile  # skip the torch.compile column
+    .venv/bin/python benchmarks/custom_kernels.py --overhead-only  # only the per-call table
 
 For each kernel: the module or function it replaces, run eagerly on axon ("eager", the
 Transformers/PyTorch code: LlamaRMSNorm, act_fn(gate) * up, apply_rotary_pos_emb, ...),
@@ -18,7 +19,9 @@ forward of benchmarks/_common.py's Llama (hidden 512, 8 layers, random init) ker
 torch_axon.hub_kernels.kernelize, and a ViT-base block from transformers.ViTConfig() (hidden 768, 12 heads, intermediate 3072,
 197 tokens) at --vit-batch images.
 
-Last: the JIT build of a small kernel (torch_axon.kernel.load of a one-function source)
+Then the host time per call of a small kernel through each way of calling it (a native op
+registered with lib.op, a torch.library.custom_op in Python, a direct KernelFunction launch)
+next to ATen's own x * 2. Last: the JIT build of a small kernel (torch_axon.kernel.load of a one-function source)
 into an empty cache (cold: the compiler runs) and again from a new process (warm: found
 in the cache), with torch_axon.kernel.build_info's times.
 """
@@ -218,6 +221,59 @@ def jit_times() -> tuple[float, float, float]:
     return c_total, c_compile, w_total
 
 
+OVERHEAD_SOURCE = r"""
+#include <axon/kernel.h>
+using namespace axon::kernel;
+AXON_KERNEL(scale) {  // out = alpha * x, float32, contiguous
+  View<float> x = as<float>(args->tensors[0]), out = as<float>(args->tensors[1]);
+  const Vec a = Vec::broadcast(float(args->floats[0]));
+  parallel_for(ctx, 0, x.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+    int64_t i = b;
+    for (; i + Vec::kLanes <= e; i += Vec::kLanes) (Vec::load(x.data() + i) * a).store(out.data() + i);
+    if (i < e) (Vec::load_partial(x.data() + i, e - i) * a).store_partial(out.data() + i, e - i);
+  });
+}
+"""
+
+
+def call_overhead(args) -> list:
+    """Host time per call of one small kernel (1024 float32 elements, out = 2 * x) through
+    each way of calling it, and ATen's x * 2 for reference."""
+    import torch_axon.kernel as K
+    lib = K.load("bench_call_overhead", source=OVERHEAD_SOURCE)
+    native = lib.op("axon_bench::scale_native(Tensor x, float alpha) -> Tensor", kernel="scale")
+
+    @torch.library.custom_op("axon_bench::scale_custom", mutates_args=(), device_types="axon")
+    def custom(x: torch.Tensor, alpha: float) -> torch.Tensor:
+        out = torch.empty_like(x)
+        lib.scale(x, out, floats=(alpha,), written=(1,), name="axon_bench::scale_custom")
+        return out
+
+    @custom.register_fake
+    def _(x, alpha):
+        return torch.empty_like(x)
+
+    def direct(x, alpha):
+        out = torch.empty_like(x)
+        lib.scale(x, out, floats=(alpha,), written=(1,))
+        return out
+
+    x = torch.randn(1024, device=DEV)
+    variants = {
+        "native op (lib.op, C++ dispatch)": lambda: native(x, 2.0),
+        "torch.library.custom_op (Python)": lambda: custom(x, 2.0),
+        "direct launch (KernelFunction)": lambda: direct(x, 2.0),
+        "ATen x * 2 (reference)": lambda: x * 2.0,
+    }
+    n = 300 if args.quick else 3000
+    times = {k: [] for k in variants}
+    for _ in range(args.repeats):
+        for k, fn in variants.items():
+            times[k].append(time_per_call(fn, DEV, n, args.warmup * 10))
+    ref = median(times["ATen x * 2 (reference)"])
+    return [[k, fmt_time(median(v)), f"{median(v) / ref:.2f}x"] for k, v in times.items()]
+
+
 def main() -> None:
     p = make_parser(__doc__, quick="small shapes and short timings (a smoke run)")
     p.add_argument("--repeats", type=int, default=3)
@@ -228,6 +284,8 @@ def main() -> None:
     p.add_argument("--llama-tokens", type=int, default=None, help="prompt of the Llama row (128)")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--overhead-only", action="store_true",
+                   help="only the per-call table (native op, custom op, direct launch)")
     args = p.parse_args()
     if args.tokens is None:
         args.tokens = 64 if args.quick else 512
@@ -246,7 +304,7 @@ def main() -> None:
     vit = hf_kernels.get_local_kernel(REPOS / "axon-vit")
 
     rows = []
-    for dtype in (parse_dtype(d) for d in args.dtypes.split(",")):
+    for dtype in (parse_dtype(d) for d in ([] if args.overhead_only else args.dtypes.split(","))):
         for name, shape, eager, kernel, compilable in cases(args, dtype, act, ln, rot, vit):
             with torch.no_grad():
                 ref, got = eager(), kernel()
@@ -264,10 +322,16 @@ def main() -> None:
                          f"{t['eager'] / t['kernel']:.2f}x",
                          f"{tc / t['kernel']:.2f}x" if tc else "-", f"{err:.1e}"])
             print("  " + " | ".join(rows[-1]), flush=True)
-    print()
-    print_table(["kernel", "dtype", "shape", "eager", "compiled", "kernel", "x eager", "x compiled",
-                 "max rel diff"], rows, align=["l", "l", "l"] + ["r"] * 6)
+    if rows:
+        print()
+        print_table(["kernel", "dtype", "shape", "eager", "compiled", "kernel", "x eager",
+                     "x compiled", "max rel diff"], rows, align=["l", "l", "l"] + ["r"] * 6)
 
+    print_table(["call of a small kernel (1024 fp32)", "per call", "x ATen"],
+                call_overhead(args), align=["l", "r", "r"])
+
+    if args.overhead_only:
+        return
     cold, compile_s, warm = jit_times()
     print_table(["JIT build of a small kernel", "load() time", "compiler"],
                 [["cold (empty cache, new process)", fmt_time(cold), fmt_time(compile_s)],

@@ -69,6 +69,10 @@ device-side assert. The op returns nothing and allocates nothing: allocate outpu
 
     scale.register_autograd(_backward, setup_context=_setup)
 
+**Native ops** (:meth:`KernelLibrary.op`): ``lib.op("mylib::scale(Tensor x, float alpha) ->
+Tensor", shape="scale_shape")`` registers the kernel as the op's axon and Meta kernel in C++
+(the ``AXON_SHAPE`` function gives the outputs): no Python per call, no ``register_fake``.
+
 Call a :class:`KernelFunction` directly only in eager code: ``torch.compile`` sees
 ``axon::_launch_kernel`` as an op without outputs that mutates nothing, so wrap kernels in
 a custom op (as above) for compiled code.
@@ -106,6 +110,7 @@ _C_SUFFIXES = (".c",)
 _lock = threading.Lock()
 _loaded: dict[str, "KernelLibrary"] = {}  # hash -> library, this process
 _identity_cache: dict[tuple, str] = {}
+_native_ops: dict[str, tuple] = {}  # qualname -> (signature, torch.library.Library)
 
 
 def include_path() -> str:
@@ -191,6 +196,55 @@ class KernelLibrary:
         fn = KernelFunction(self, entry, ctypes.cast(sym, ctypes.c_void_p).value)
         self._functions[entry] = fn
         return fn
+
+    def _symbol(self, entry: str) -> int:
+        return self.function(entry).address
+
+    def op(self, schema: str, kernel: str | None = None, shape: str | None = None,
+           name: str | None = None):
+        """Registers the kernel ``kernel`` (default: the op's name) as a native PyTorch op
+        and returns its ``torch.ops`` packet: ``lib.op("mylib::scale(Tensor x, float alpha)
+        -> Tensor", shape="scale_shape")``. A call goes through the dispatcher to C++ only
+        (no Python): the arguments are checked (one axon device, supported dtypes), the
+        outputs' dtypes and sizes come from the ``AXON_SHAPE`` function ``shape`` (default:
+        like the first tensor argument), they are allocated contiguous from the caching
+        allocator and the kernel is launched on the current stream. The kernel gets the
+        schema's ``Tensor``/``Tensor?`` arguments (None: ``AXON_NONE``) then the outputs as
+        its tensors, ``int``/``SymInt``/``bool`` arguments (``int[]``: its length, then its
+        elements) as its ints and ``float`` arguments as its floats, in schema order.
+        ``Tensor(a!)`` arguments are written by the kernel (their versions are bumped).
+        The shape function is also the op's Meta kernel, so meta tensors and
+        ``torch.compile`` (one extern call, no graph break; symbolic sizes are specialised)
+        work without a ``register_fake``; add autograd with
+        ``torch.library.register_autograd``. Registering a qualified name again replaces
+        its kernels (the schema must be the same)."""
+        from torch_axon import _C
+        qualname, sep, _ = schema.partition("(")
+        qualname = qualname.strip()
+        if not sep or "::" not in qualname:
+            raise ValueError(f"expected a schema 'namespace::name(args) -> returns', got {schema!r}")
+        ns, opname = qualname.split("::", 1)
+        signature = schema.strip()[len(qualname):].strip()
+        fn = self._symbol(kernel or opname.split(".")[0])
+        shape_fn = self._symbol(shape) if shape else 0
+        with _lock:
+            known = _native_ops.get(qualname)
+            if known is None:
+                library = torch.library.Library(ns, "FRAGMENT")
+                library.define(opname + signature)
+                try:
+                    _C._register_native_op(qualname, fn, shape_fn, name or qualname)
+                except BaseException:
+                    library._destroy()  # an unsupported schema leaves no op behind
+                    raise
+                _native_ops[qualname] = (signature, library)
+            elif known[0] != signature:
+                raise RuntimeError(f"axon native op '{qualname}' is already defined with schema "
+                                   f"{qualname}{known[0]}; cannot redefine it as {schema!r}")
+            else:
+                _C._register_native_op(qualname, fn, shape_fn, name or qualname)
+        packet = getattr(getattr(torch.ops, ns), opname.split(".")[0])
+        return packet
 
     def __getattr__(self, entry: str) -> KernelFunction:
         if entry.startswith("_"):

@@ -29,11 +29,15 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include <ATen/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
 #include <axon/kernels/parallel.h>
@@ -42,6 +46,7 @@
 #include "../../torch_axon/include/axon/kernel.h"
 
 #include "KernelSelect.h"
+#include "CustomKernel.h"
 #include "Launch.h"
 #include "Registry.h"
 #include "../core/AxonRuntime.h"
@@ -213,52 +218,68 @@ uint64_t numberClass(double v) {
   return (std::isnan(v) ? 1 : 0) | (std::isinf(v) ? 2 : 0) | (v < 0 ? 4 : 0) | (v == 0 ? 8 : 0);
 }
 
-void launchKernel(int64_t fn, c10::string_view name_view, at::TensorList tensors,
-                  at::IntArrayRef ints, c10::ArrayRef<double> floats, at::IntArrayRef written) {
-  const std::string name(name_view);
-  TORCH_CHECK(fn != 0, "axon kernel '", name, "': null kernel function");
-  TORCH_CHECK(!tensors.empty(), "axon kernel '", name,
-              "': expected at least one axon tensor among the arguments");
-  // The device: the first axon tensor's; every tensor must be on it.
-  c10::DeviceIndex device = -1;
+// The first axon device among `tensors`, or -1.
+c10::DeviceIndex firstAxonDevice(at::TensorList tensors) {
   for (const at::Tensor& t : tensors) {
-    if (t.defined() && t.device().type() == kAxon) {
-      device = t.device().index();
-      break;
-    }
+    if (t.defined() && t.device().type() == kAxon) return t.device().index();
   }
-  TORCH_CHECK(device >= 0, "axon kernel '", name, "': expected axon tensors, but got tensors on ",
-              tensors[0].device());
-  const char* interned = internName(name);
+  return -1;
+}
+
+// Checks tensor i of a launch and describes it to the kernel (data NULL when
+// `with_data` is false: a shape function's view).  An undefined tensor (a native
+// op's optional argument given None) is AXON_NONE when `allow_none`.
+AxonTensor viewOf(const at::Tensor& t, size_t i, const std::string& name, c10::Device device,
+                  bool allow_none, bool with_data) {
+  AxonTensor v{};
+  if (!t.defined()) {
+    TORCH_CHECK(allow_none, "axon kernel '", name, "': tensor ", i, " is undefined");
+    v.dtype = AXON_NONE;
+    v.ndim = 0;
+    for (int d = 0; d < AXON_MAX_DIMS; ++d) v.sizes[d] = v.strides[d] = 1;
+    return v;
+  }
+  TORCH_CHECK(t.device().type() == device.type() && t.device().index() == device.index(),
+              "Expected all tensors to be on the same device, but found at least two devices, ",
+              device, " and ", t.device(), "! (when checking arguments for ", name, ")");
+  TORCH_CHECK(t.layout() == c10::kStrided, "axon kernel '", name, "': tensor ", i,
+              " has layout ", t.layout(), "; only strided tensors are supported");
+  const int32_t dt = axonDType(t.scalar_type());
+  TORCH_CHECK(dt >= 0, "axon kernel '", name, "': unsupported dtype ", t.scalar_type(),
+              " of tensor ", i, " (supported: float32, bfloat16, float16, float64, int64, "
+              "int32, int16, int8, uint8, bool)");
+  TORCH_CHECK(!t.is_conj() && !t.is_neg(), "axon kernel '", name, "': tensor ", i,
+              " has its conjugate or negative bit set; resolve it first (resolve_conj(), "
+              "resolve_neg())");
+  TORCH_CHECK(t.dim() <= AXON_MAX_DIMS, "axon kernel '", name, "': tensor ", i, " has ",
+              t.dim(), " dimensions; at most ", AXON_MAX_DIMS, " are supported");
+  v.data = (!with_data || t.numel() == 0) ? nullptr : const_cast<void*>(t.const_data_ptr());
+  v.dtype = dt;
+  v.ndim = static_cast<int32_t>(t.dim());
+  for (int d = 0; d < AXON_MAX_DIMS; ++d) {
+    v.sizes[d] = d < t.dim() ? t.size(d) : 1;
+    v.strides[d] = d < t.dim() ? t.stride(d) : 1;
+  }
+  return v;
+}
+
+// Checks, bumps the written tensors' versions and launches `fn` on `tensors`
+// (undefined ones only when `allow_none`) as stream work.
+void launchOn(AxonKernelFn fn, const char* interned, c10::DeviceIndex device,
+              at::TensorList tensors, std::vector<int64_t> ints, std::vector<double> floats,
+              at::IntArrayRef written, bool allow_none) {
+  const std::string name(interned);
+  const c10::Device dev(kAxon, device);
   std::vector<AxonTensor> views(tensors.size());
   Signature signature(HostChecks::kFull);
-  signature.mix(static_cast<uint64_t>(fn));
+  signature.mix(reinterpret_cast<uintptr_t>(fn));
   kselect::KernelSize size;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
-    TORCH_CHECK(t.defined(), "axon kernel '", name, "': tensor ", i, " is undefined");
-    TORCH_CHECK(t.device().type() == kAxon && t.device().index() == device,
-                "Expected all tensors to be on the same device, but found at least two devices, ",
-                c10::Device(kAxon, device), " and ", t.device(),
-                "! (when checking arguments for ", name, ")");
-    TORCH_CHECK(t.layout() == c10::kStrided, "axon kernel '", name, "': tensor ", i,
-                " has layout ", t.layout(), "; only strided tensors are supported");
-    const int32_t dt = axonDType(t.scalar_type());
-    TORCH_CHECK(dt >= 0, "axon kernel '", name, "': unsupported dtype ", t.scalar_type(),
-                " of tensor ", i, " (supported: float32, bfloat16, float16, float64, int64, "
-                "int32, int16, int8, uint8, bool)");
-    TORCH_CHECK(!t.is_conj() && !t.is_neg(), "axon kernel '", name, "': tensor ", i,
-                " has its conjugate or negative bit set; resolve it first (resolve_conj(), "
-                "resolve_neg())");
-    TORCH_CHECK(t.dim() <= AXON_MAX_DIMS, "axon kernel '", name, "': tensor ", i, " has ",
-                t.dim(), " dimensions; at most ", AXON_MAX_DIMS, " are supported");
-    AxonTensor& v = views[i];
-    v.data = t.numel() == 0 ? nullptr : const_cast<void*>(t.const_data_ptr());
-    v.dtype = dt;
-    v.ndim = static_cast<int32_t>(t.dim());
-    for (int d = 0; d < AXON_MAX_DIMS; ++d) {
-      v.sizes[d] = d < t.dim() ? t.size(d) : 1;
-      v.strides[d] = d < t.dim() ? t.stride(d) : 1;
+    views[i] = viewOf(t, i, name, dev, allow_none, true);
+    if (!t.defined()) {
+      signature.undefined();
+      continue;
     }
     signature.device_tensor(t.storage().data(), t.storage_offset(), t.sizes(), t.strides(),
                             t.dtype(), false, false);
@@ -272,13 +293,28 @@ void launchKernel(int64_t fn, c10::string_view name_view, at::TensorList tensors
     TORCH_CHECK(w >= 0 && w < static_cast<int64_t>(tensors.size()), "axon kernel '", name,
                 "': written index ", w, " is out of range for ", tensors.size(), " tensors");
   }
-  for (int64_t w : written) tensors[w].unsafeGetTensorImpl()->bump_version();
-  auto work = std::make_unique<CustomKernelWork>(
-      reinterpret_cast<AxonKernelFn>(static_cast<uintptr_t>(fn)), interned, device,
-      std::move(views), ints.vec(), floats.vec());
+  for (int64_t w : written) {
+    if (tensors[w].defined()) tensors[w].unsafeGetTensorImpl()->bump_version();
+  }
+  auto work = std::make_unique<CustomKernelWork>(fn, interned, device, std::move(views),
+                                                 std::move(ints), std::move(floats));
   const int threads =
       kselect::threadsFor(interned, size.bytes, size.largest, *work, kselect::TeamKind::kCompute);
   launchChecked(device, interned, signature.hash, threads, std::move(work));
+}
+
+void launchKernel(int64_t fn, c10::string_view name_view, at::TensorList tensors,
+                  at::IntArrayRef ints, c10::ArrayRef<double> floats, at::IntArrayRef written) {
+  const std::string name(name_view);
+  TORCH_CHECK(fn != 0, "axon kernel '", name, "': null kernel function");
+  TORCH_CHECK(!tensors.empty(), "axon kernel '", name,
+              "': expected at least one axon tensor among the arguments");
+  // The device: the first axon tensor's; every tensor must be on it.
+  const c10::DeviceIndex device = firstAxonDevice(tensors);
+  TORCH_CHECK(device >= 0, "axon kernel '", name, "': expected axon tensors, but got tensors on ",
+              tensors[0].device());
+  launchOn(reinterpret_cast<AxonKernelFn>(static_cast<uintptr_t>(fn)), internName(name), device,
+           tensors, ints.vec(), floats.vec(), written, /*allow_none=*/false);
 }
 
 // CPU tensors only (no axon tensor to dispatch on): the same checks' error.
@@ -286,6 +322,297 @@ void launchKernelCpu(int64_t fn, c10::string_view name, at::TensorList tensors,
                      at::IntArrayRef ints, c10::ArrayRef<double> floats, at::IntArrayRef written) {
   launchKernel(fn, name, tensors, ints, floats, written);
 }
+
+// ---- native ops: a user kernel registered as the op's PrivateUse1 and Meta kernel ----
+
+enum class ArgKind : uint8_t { kTensor, kOptionalTensor, kInt, kBool, kFloat, kIntList };
+
+std::string schemaTypeError(const c10::FunctionSchema& schema, const c10::Argument& a,
+                            const char* what) {
+  return c10::str("axon native op '", schema.name(), "': ", what, " '", a.name(), "' has type ",
+                  a.type()->str(),
+                  "; supported argument types: Tensor, Tensor?, Tensor(a!) (written by the "
+                  "kernel), int, SymInt, bool, float, int[], SymInt[]; returns: Tensor "
+                  "(new tensors) or ()");
+}
+
+int64_t concreteInt(const c10::SymInt& v) { return v.guard_int(__FILE__, __LINE__); }
+
+// One registered op: parses the boxed stack into the kernel's arguments (tensors,
+// ints, floats), computes the outputs' shapes with the op's shape function (or
+// like its first tensor), allocates them and launches the kernel (PrivateUse1), or
+// returns meta outputs (Meta: meta tensors and torch.compile's fake tensors).
+class NativeOpKernel final : public c10::OperatorKernel {
+ public:
+  NativeOpKernel(const c10::FunctionSchema& schema, AxonKernelFn fn, AxonShapeFn shape,
+                 const char* name, bool meta)
+      : fn_(fn), shape_(shape), name_(name), meta_(meta) {
+    for (const c10::Argument& a : schema.arguments()) {
+      const c10::TypePtr& t = a.type();
+      const bool write = a.alias_info() != nullptr && a.alias_info()->isWrite();
+      TORCH_CHECK(a.alias_info() == nullptr || write,
+                  schemaTypeError(schema, a, "argument (a non-writing alias)"));
+      if (t->kind() == c10::TypeKind::TensorType) {
+        kinds_.push_back(ArgKind::kTensor);
+      } else if (t->kind() == c10::TypeKind::OptionalType &&
+                 t->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+                     c10::TypeKind::TensorType) {
+        TORCH_CHECK(!write, schemaTypeError(schema, a, "argument (an optional written tensor)"));
+        kinds_.push_back(ArgKind::kOptionalTensor);
+      } else if (t->kind() == c10::TypeKind::IntType || t->kind() == c10::TypeKind::SymIntType) {
+        kinds_.push_back(ArgKind::kInt);
+      } else if (t->kind() == c10::TypeKind::BoolType) {
+        kinds_.push_back(ArgKind::kBool);
+      } else if (t->kind() == c10::TypeKind::FloatType) {
+        kinds_.push_back(ArgKind::kFloat);
+      } else if (t->kind() == c10::TypeKind::ListType &&
+                 (t->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::IntType ||
+                  t->castRaw<c10::ListType>()->getElementType()->kind() ==
+                      c10::TypeKind::SymIntType)) {
+        kinds_.push_back(ArgKind::kIntList);
+      } else {
+        TORCH_CHECK(false, schemaTypeError(schema, a, "argument"));
+      }
+      TORCH_CHECK(!write || kinds_.back() == ArgKind::kTensor,
+                  schemaTypeError(schema, a, "argument"));
+      write_.push_back(write);
+    }
+    for (const c10::Argument& r : schema.returns()) {
+      TORCH_CHECK(r.type()->kind() == c10::TypeKind::TensorType && r.alias_info() == nullptr,
+                  schemaTypeError(schema, r, "return"));
+    }
+    num_outputs_ = schema.returns().size();
+    TORCH_CHECK(std::count(kinds_.begin(), kinds_.end(), ArgKind::kTensor) +
+                        std::count(kinds_.begin(), kinds_.end(), ArgKind::kOptionalTensor) > 0,
+                "axon native op '", schema.name(), "' has no Tensor argument: the device of "
+                "a call comes from its tensors");
+  }
+
+  void operator()(const c10::OperatorHandle& /*op*/, c10::DispatchKeySet /*ks*/,
+                  torch::jit::Stack* stack) {
+    const size_t n = kinds_.size();
+    auto args = torch::jit::last(*stack, n);
+    c10::SmallVector<at::Tensor, 8> tensors;
+    c10::SmallVector<int64_t, 4> written;
+    std::vector<int64_t> ints;
+    std::vector<double> floats;
+    for (size_t i = 0; i < n; ++i) {
+      const c10::IValue& v = args[i];
+      switch (kinds_[i]) {
+        case ArgKind::kTensor:
+          if (write_[i]) written.push_back(static_cast<int64_t>(tensors.size()));
+          tensors.push_back(v.toTensor());
+          break;
+        case ArgKind::kOptionalTensor:
+          tensors.push_back(v.isNone() ? at::Tensor() : v.toTensor());
+          break;
+        case ArgKind::kInt:
+          ints.push_back(v.isInt() ? v.toInt() : concreteInt(v.toSymInt()));
+          break;
+        case ArgKind::kBool:
+          ints.push_back(v.toBool() ? 1 : 0);
+          break;
+        case ArgKind::kFloat:
+          floats.push_back(v.toDouble());
+          break;
+        case ArgKind::kIntList:
+          if (v.isIntList()) {
+            auto list = v.toIntList();
+            ints.push_back(static_cast<int64_t>(list.size()));
+            for (int64_t x : list) ints.push_back(x);
+          } else {
+            auto list = v.toListRef();
+            ints.push_back(static_cast<int64_t>(list.size()));
+            for (const c10::IValue& x : list) {
+              ints.push_back(x.isInt() ? x.toInt() : concreteInt(x.toSymInt()));
+            }
+          }
+          break;
+      }
+    }
+    // The device: the first tensor's (axon, or meta for the Meta kernel).
+    c10::Device device(c10::kCPU);
+    bool found = false;
+    for (const at::Tensor& t : tensors) {
+      if (t.defined()) {
+        device = t.device();
+        found = true;
+        break;
+      }
+    }
+    TORCH_CHECK(found, "axon native op '", name_, "': every tensor argument is None");
+    if (!meta_) {
+      const c10::DeviceIndex axon = firstAxonDevice(tensors);
+      if (axon >= 0) device = c10::Device(kAxon, axon);
+    }
+    // Output shapes.
+    const std::string name(name_);
+    std::vector<AxonTensor> views(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      views[i] = shapeView(tensors[i], i, name, device);
+    }
+    std::vector<AxonTensor> outs(num_outputs_);
+    for (AxonTensor& o : outs) {
+      o = AxonTensor{};
+      o.dtype = AXON_NONE;
+      o.ndim = -1;
+    }
+    if (shape_ != nullptr) {
+      AxonKernelArgs in{};
+      in.tensors = views.data();
+      in.num_tensors = static_cast<int32_t>(views.size());
+      in.ints = ints.data();
+      in.num_ints = static_cast<int32_t>(ints.size());
+      in.floats = floats.data();
+      in.num_floats = static_cast<int32_t>(floats.size());
+      char err[1024] = {0};
+      const int rc = shape_(&in, outs.data(), static_cast<int32_t>(outs.size()), err, sizeof err);
+      TORCH_CHECK(rc == 0, name_, ": ", err[0] != 0 ? err : "the shape function failed");
+    } else {
+      const AxonTensor* first = nullptr;
+      for (const AxonTensor& v : views) {
+        if (v.dtype != AXON_NONE) {
+          first = &v;
+          break;
+        }
+      }
+      for (AxonTensor& o : outs) o = *first;
+    }
+    c10::SmallVector<at::Tensor, 2> results;
+    for (size_t k = 0; k < outs.size(); ++k) {
+      const AxonTensor& o = outs[k];
+      TORCH_CHECK(o.ndim >= 0 && o.ndim <= AXON_MAX_DIMS, name_, ": the shape function gave ",
+                  "output ", k, " ndim ", o.ndim, " (expected 0..", AXON_MAX_DIMS, ")");
+      const auto st = scalarTypeOf(o.dtype);
+      TORCH_CHECK(st.has_value(), name_, ": the shape function gave output ", k,
+                  " an invalid dtype ", o.dtype);
+      c10::SmallVector<int64_t, AXON_MAX_DIMS> sizes;
+      for (int d = 0; d < o.ndim; ++d) {
+        TORCH_CHECK(o.sizes[d] >= 0, name_, ": the shape function gave output ", k,
+                    " a negative size ", o.sizes[d], " in dimension ", d);
+        sizes.push_back(o.sizes[d]);
+      }
+      results.push_back(meta_ ? at::empty(sizes, at::TensorOptions().dtype(*st).device(device))
+                              : emptyDevice(sizes, *st, device.index()));
+    }
+    if (!meta_) {
+      TORCH_CHECK(device.type() == kAxon, "axon native op '", name_,
+                  "': expected axon tensors, but got tensors on ", device);
+      std::vector<at::Tensor> all(tensors.begin(), tensors.end());
+      for (size_t k = 0; k < results.size(); ++k) {
+        written.push_back(static_cast<int64_t>(all.size()));
+        all.push_back(results[k]);
+      }
+      launchOn(fn_, name_, device.index(), all, std::move(ints), std::move(floats), written,
+               /*allow_none=*/true);
+    }
+    torch::jit::drop(*stack, n);
+    for (at::Tensor& r : results) stack->emplace_back(std::move(r));
+  }
+
+ private:
+  // A tensor's view for the shape function: checked like a launch's (device,
+  // dtype, layout, dims), data NULL; symbolic sizes are specialised.
+  AxonTensor shapeView(const at::Tensor& t, size_t i, const std::string& name,
+                       c10::Device device) const {
+    if (!meta_ || !t.defined()) return viewOf(t, i, name, device, true, false);
+    TORCH_CHECK(t.device() == device, "Expected all tensors to be on the same device, but found ",
+                "at least two devices, ", device, " and ", t.device(),
+                "! (when checking arguments for ", name, ")");
+    AxonTensor v{};
+    v.dtype = axonDType(t.scalar_type());
+    TORCH_CHECK(v.dtype >= 0, "axon kernel '", name, "': unsupported dtype ", t.scalar_type(),
+                " of tensor ", i);
+    TORCH_CHECK(t.dim() <= AXON_MAX_DIMS, "axon kernel '", name, "': tensor ", i, " has ",
+                t.dim(), " dimensions; at most ", AXON_MAX_DIMS, " are supported");
+    v.ndim = static_cast<int32_t>(t.dim());
+    for (int d = 0; d < AXON_MAX_DIMS; ++d) {
+      v.sizes[d] = d < t.dim() ? concreteInt(t.sym_size(d)) : 1;
+      v.strides[d] = d < t.dim() ? concreteInt(t.sym_stride(d)) : 1;
+    }
+    return v;
+  }
+
+  static std::optional<c10::ScalarType> scalarTypeOf(int32_t dt) {
+    switch (dt) {
+      case AXON_FLOAT32: return c10::ScalarType::Float;
+      case AXON_BFLOAT16: return c10::ScalarType::BFloat16;
+      case AXON_FLOAT16: return c10::ScalarType::Half;
+      case AXON_FLOAT64: return c10::ScalarType::Double;
+      case AXON_INT64: return c10::ScalarType::Long;
+      case AXON_INT32: return c10::ScalarType::Int;
+      case AXON_INT16: return c10::ScalarType::Short;
+      case AXON_INT8: return c10::ScalarType::Char;
+      case AXON_UINT8: return c10::ScalarType::Byte;
+      case AXON_BOOL: return c10::ScalarType::Bool;
+      default: return std::nullopt;
+    }
+  }
+
+  std::vector<ArgKind> kinds_;
+  std::vector<bool> write_;
+  size_t num_outputs_ = 0;
+  AxonKernelFn fn_;
+  AxonShapeFn shape_;
+  const char* name_;
+  bool meta_;
+};
+
+struct NativeOpRegistration {
+  std::unique_ptr<torch::Library> device;
+  std::unique_ptr<torch::Library> meta;
+};
+
+std::mutex& nativeOpsMutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<std::string, NativeOpRegistration>& nativeOps() {
+  static auto* ops = new std::unordered_map<std::string, NativeOpRegistration>();
+  return *ops;
+}
+
+}  // namespace
+
+void registerNativeOp(const std::string& qualname, int64_t fn, int64_t shape_fn,
+                      const std::string& launch_name) {
+  TORCH_CHECK(fn != 0, "axon native op '", qualname, "': null kernel function");
+  const auto sep = qualname.find("::");
+  TORCH_CHECK(sep != std::string::npos && sep > 0, "axon native op '", qualname,
+              "': expected a qualified name 'namespace::name[.overload]'");
+  const std::string ns = qualname.substr(0, sep);
+  const std::string rest = qualname.substr(sep + 2);
+  const auto dot = rest.find('.');
+  const std::string opname = dot == std::string::npos ? rest : rest.substr(0, dot);
+  const std::string overload = dot == std::string::npos ? "" : rest.substr(dot + 1);
+  auto handle = c10::Dispatcher::singleton().findSchema({ns + "::" + opname, overload});
+  TORCH_CHECK(handle.has_value(), "axon native op '", qualname,
+              "': no such operator (define its schema first)");
+  const c10::FunctionSchema& schema = handle->schema();
+  const char* interned = internName(launch_name.empty() ? qualname : launch_name);
+  auto kernelFn = reinterpret_cast<AxonKernelFn>(static_cast<uintptr_t>(fn));
+  auto shapeFn = reinterpret_cast<AxonShapeFn>(static_cast<uintptr_t>(shape_fn));
+  // Built (and the schema checked) before the old registration goes.
+  auto deviceKernel = std::make_unique<NativeOpKernel>(schema, kernelFn, shapeFn, interned, false);
+  auto metaKernel = std::make_unique<NativeOpKernel>(schema, kernelFn, shapeFn, interned, true);
+  std::lock_guard<std::mutex> g(nativeOpsMutex());
+  nativeOps().erase(qualname);
+  NativeOpRegistration r;
+  r.device = std::make_unique<torch::Library>(torch::Library::IMPL, ns,
+                                              c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  r.device->impl(rest.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(deviceKernel)));
+  r.meta = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::Meta,
+                                            __FILE__, __LINE__);
+  r.meta->impl(rest.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(metaKernel)));
+  nativeOps().emplace(qualname, std::move(r));
+}
+
+void deregisterNativeOp(const std::string& qualname) {
+  std::lock_guard<std::mutex> g(nativeOpsMutex());
+  nativeOps().erase(qualname);
+}
+
+namespace {
 
 TORCH_LIBRARY_FRAGMENT(axon, m) {
   m.def("_launch_kernel(int fn, str name, Tensor[] tensors, int[] ints, float[] floats, "

@@ -11,6 +11,7 @@
 #include "Inductor.h"
 #include "../distributed/Bindings.h"
 #include "../profiler/Profiler.h"
+#include "../aten/CustomKernel.h"
 #include "../aten/Fallback.h"
 #include "../aten/Fusion.h"
 #include "../aten/GenericKernel.h"
@@ -103,6 +104,10 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_get_device_properties", &device_properties);
   m.def("_meta_for_axon", [] { return metaForAxon(); });
+  // torch_axon.kernel's native ops (aten/CustomKernel.h).
+  m.def("_register_native_op", &registerNativeOp, py::arg("qualname"), py::arg("fn"),
+        py::arg("shape_fn"), py::arg("launch_name"));
+  m.def("_deregister_native_op", &deregisterNativeOp);
   // The memory format of the CPU's convolution result for these arguments
   // (aten/GenericKernel.h): torch.compile's fake convolutions on axon ask it
   // (integrations/torch_compile.py), so that compiled and eager layouts agree.

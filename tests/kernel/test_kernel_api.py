@@ -220,6 +220,79 @@ AXON_KERNEL(scratch_probe) {
   out(0) = ok;
 }
 
+// ---- for native ops (lib.op) ----
+
+// add_scale's output rule: x and y of one float dtype and one shape; out like x.
+AXON_SHAPE(add_scale_shape) {
+  AXON_SHAPE_CHECK(num_outputs == 1 && args->num_tensors == 2, "add_scale_shape: one output");
+  const AxonTensor &x = args->tensors[0], &y = args->tensors[1];
+  AXON_SHAPE_CHECK(x.dtype == y.dtype, "add_scale: x and y must have one dtype");
+  AXON_SHAPE_CHECK(x.dtype == AXON_FLOAT32 || x.dtype == AXON_BFLOAT16 || x.dtype == AXON_FLOAT16,
+                   "add_scale: expected float32, bfloat16 or float16");
+  bool same = x.ndim == y.ndim;
+  for (int d = 0; same && d < x.ndim; ++d) same = x.sizes[d] == y.sizes[d];
+  AXON_SHAPE_CHECK(same, "add_scale: x and y must have one shape");
+  set_like(outputs[0], x);
+  return 0;
+}
+
+// row_stats(x [R, C], bias? [C], int[] dims, bool negate) -> (y [R, C] like x, s [R] float32):
+// y = (x + bias), negated if asked; s = the row sums of y, in float, in column order.
+// ints = [len(dims), dims..., negate].  Any strides.
+template <class T>
+static void row_stats_t(const AxonTensor& xt, const AxonTensor& bt, const AxonTensor& yt,
+                        const AxonTensor& st, bool negate) {
+  View<T> x = as<T>(xt), y = as<T>(yt);
+  View<float> s = as<float>(st);
+  for (int64_t r = 0; r < x.size(0); ++r) {
+    float acc = 0.f;
+    for (int64_t c = 0; c < x.size(1); ++c) {
+      float v = float(x(r, c));
+      if (given(bt)) v = float(T(v + float(as<T>(bt)(c))));
+      if (negate) v = -v;
+      y(r, c) = T(v);
+      acc += float(T(v));
+    }
+    s(r) = acc;
+  }
+}
+
+AXON_SHAPE(row_stats_shape) {
+  const AxonTensor &x = args->tensors[0], &b = args->tensors[1];
+  AXON_SHAPE_CHECK(x.ndim == 2, "row_stats: x must be 2-D");
+  AXON_SHAPE_CHECK(!given(b) || (b.ndim == 1 && b.sizes[0] == x.sizes[1] && b.dtype == x.dtype),
+                   "row_stats: bias must be 1-D with x's columns and dtype");
+  AXON_SHAPE_CHECK(args->num_ints == 2 + args->ints[0], "row_stats: ints = [n, dims..., negate]");
+  set_like(outputs[0], x);
+  outputs[1].dtype = AXON_FLOAT32;
+  outputs[1].ndim = 1;
+  outputs[1].sizes[0] = x.sizes[0];
+  return 0;
+}
+
+AXON_KERNEL(row_stats) {
+  AXON_CHECK(ctx, args->num_tensors == 4, "row_stats(x, bias, y, s)");
+  const bool negate = args->ints[args->num_ints - 1] != 0;
+  const bool ok = dispatch_float(args->tensors[0].dtype, [&](auto tag) {
+    row_stats_t<decltype(tag)>(args->tensors[0], args->tensors[1], args->tensors[2],
+                               args->tensors[3], negate);
+  });
+  AXON_CHECK(ctx, ok, "row_stats: expected a float dtype");
+}
+
+// add_(Tensor(a!) x, float v) -> (): x += v in place (float32, contiguous); v < 0 fails.
+AXON_KERNEL(add_inplace) {
+  View<float> x = as<float>(args->tensors[0]);
+  AXON_CHECK(ctx, args->floats[0] >= 0, "add_: v must be >= 0");
+  for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] += float(args->floats[0]);
+}
+
+// An output rule that forgets its second output.
+AXON_SHAPE(forgets_an_output) {
+  set_like(outputs[0], args->tensors[0]);
+  return 0;
+}
+
 // Impossible scratch sizes: nullptr, not a wrapped-around small block.
 AXON_KERNEL(scratch_huge) {
   View<int64_t> out = as<int64_t>(args->tensors[0]);
@@ -417,6 +490,12 @@ def test_header_compiles_as_c(cache, tmp_path):
           AXON_CHECK(ctx, args->num_tensors == 2, "twice(x, out)");
           ctx->parallel_for(ctx->impl, 0, args->tensors[0].sizes[0], 1024, (void*)args, body);
         }
+        /* a native op's output rule, in C */
+        AXON_SHAPE(twice_shape) {
+          AXON_SHAPE_CHECK(args->tensors[0].dtype == AXON_FLOAT32, "twice: float32 only");
+          outputs[0] = args->tensors[0];
+          return 0;
+        }
     """))
     clib = K.load("c_kernels", sources=[src], extra_cflags=("-Wall", "-Wextra", "-Werror"))
     assert any(c[0] == "gcc" and "-std=c11" in c for c in K.build_info(clib).commands)
@@ -424,6 +503,10 @@ def test_header_compiles_as_c(cache, tmp_path):
     out = torch.empty(5000, device=DEV)
     clib.twice(x.to(DEV), out, written=(1,))
     torch.testing.assert_close(out.cpu(), 2 * x, atol=0, rtol=0)
+    twice = clib.op("axon_c_test::twice(Tensor x) -> Tensor", shape="twice_shape")
+    torch.testing.assert_close(twice(x.to(DEV)).cpu(), 2 * x, atol=0, rtol=0)
+    with pytest.raises(RuntimeError, match="twice: float32 only"):
+        twice(x.double().to(DEV))
 
 
 def test_scratch_is_aligned_and_large(lib):
@@ -790,3 +873,168 @@ def test_contiguous_as_fake(dtype):
     dense = torch.randn(3, 4, device="axon", dtype=dtype)
     assert contiguous_as_fake(dense) is dense
 
+
+
+# ------------------------------------------------------------------ native ops (lib.op)
+
+@pytest.fixture(scope="module")
+def native(lib):
+    """The test kernels registered as native ops: the dispatcher calls C++ directly."""
+    return {
+        "add_scale": lib.op("axon_native_test::add_scale(Tensor x, Tensor y, float alpha) -> Tensor",
+                            shape="add_scale_shape"),
+        "row_stats": lib.op("axon_native_test::row_stats(Tensor x, Tensor? bias, int[] dims, "
+                            "bool negate) -> (Tensor, Tensor)", shape="row_stats_shape"),
+        "add_": lib.op("axon_native_test::add_(Tensor(a!) x, float v) -> ()", kernel="add_inplace"),
+    }
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "expanded", "zero_size"])
+def test_native_op_matches_cpu(native, dtype, layout):
+    x_cpu, x = layout_pair(layout, dtype, rows=37, cols=45, seed=31)
+    y_cpu, y = layout_pair(layout if layout != "expanded" else "sliced", dtype, rows=37, cols=45,
+                           seed=32)
+    out = native["add_scale"](x, y, 0.75)
+    assert out.device == x.device and out.dtype == dtype and out.shape == x.shape
+    assert out.is_contiguous()
+    expected = (x_cpu.float() + 0.75 * y_cpu.float()).to(dtype)
+    torch.testing.assert_close(out.cpu(), expected, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "zero_size"])
+def test_native_op_multiple_outputs_optional_and_list_arguments(native, dtype, with_bias, layout):
+    x_cpu, x = layout_pair(layout, dtype, rows=9, cols=13, seed=33)
+    b_cpu = make((x.shape[1],), dtype, seed=34)
+    bias = b_cpu.to(DEV) if with_bias else None
+    y, s = native["row_stats"](x, bias, [2, 5, 7], True)
+    y_ref = -(x_cpu + b_cpu) if with_bias else -x_cpu
+    torch.testing.assert_close(y.cpu(), y_ref, **tol(dtype))
+    assert s.dtype == torch.float32 and s.shape == (x.shape[0],)
+    torch.testing.assert_close(s.cpu(), y_ref.float().sum(1), **tol(torch.float32, accum=True))
+    y2, _ = native["row_stats"](x, bias, [], False)  # an empty list, negate off
+    torch.testing.assert_close(y2.cpu(), -y_ref, **tol(dtype))
+
+
+def test_native_op_writes_in_place_and_bumps_the_version(native):
+    x = torch.zeros(5, device=DEV)
+    v = x._version
+    assert native["add_"](x, 2.0) is None
+    assert x._version == v + 1
+    torch.testing.assert_close(x.cpu(), torch.full((5,), 2.0), atol=0, rtol=0)
+    # torch.compile functionalizes the mutation and writes it back
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: (native["add_"](t, 1.0), t * 2)[1], fullgraph=True)
+    t = torch.zeros(3, device=DEV)
+    torch.testing.assert_close(f(t).cpu(), torch.full((3,), 2.0), atol=0, rtol=0)
+    torch.testing.assert_close(t.cpu(), torch.ones(3), atol=0, rtol=0)
+    # a kernel's fail(): at the call the first time a signature is seen
+    with pytest.raises(RuntimeError, match=r"'axon_native_test::add_' failed: add_: v must be >= 0"):
+        native["add_"](x, -1.0)
+
+
+def test_native_op_errors(lib, native):
+    x = torch.ones(4, 3, device=DEV)
+    # the output rule's checks raise at the call, before anything is launched
+    with pytest.raises(RuntimeError, match="add_scale: x and y must have one shape"):
+        native["add_scale"](x, torch.ones(3, 4, device=DEV), 1.0)
+    with pytest.raises(RuntimeError, match="add_scale: expected float32, bfloat16 or float16"):
+        native["add_scale"](x.double(), x.double(), 1.0)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but "
+                                           "found at least two devices, axon:0 and cpu"):
+        native["add_scale"](x, torch.ones(4, 3), 1.0)
+    with pytest.raises(NotImplementedError, match="Could not run 'axon_native_test::add_scale' "
+                                                  "with arguments from the 'CPU' backend"):
+        native["add_scale"](torch.ones(2), torch.ones(2), 1.0)
+    forgot = lib.op("axon_native_test::forgets(Tensor x) -> (Tensor, Tensor)", kernel="add_scale",
+                    shape="forgets_an_output")
+    with pytest.raises(RuntimeError, match="the shape function gave output 1 ndim -1"):
+        forgot(x)
+    # unsupported schemas are refused and leave no op behind
+    with pytest.raises(RuntimeError, match="argument 's' has type str; supported argument types"):
+        lib.op("axon_native_test::bad(Tensor x, str s) -> Tensor", kernel="add_scale")
+    with pytest.raises(RuntimeError, match="operator axon_native_test::bad does not exist"):
+        torch._C._dispatch_has_kernel_for_dispatch_key("axon_native_test::bad", "PrivateUse1")
+    lib.op("axon_native_test::bad(Tensor x, Tensor y, float s) -> Tensor", kernel="add_scale")
+    with pytest.raises(RuntimeError, match="returns: Tensor"):
+        lib.op("axon_native_test::bad2(Tensor(a!) x) -> Tensor(a!)", kernel="add_scale")
+    with pytest.raises(RuntimeError, match="already defined with schema"):
+        lib.op("axon_native_test::add_scale(Tensor x, Tensor y) -> Tensor", kernel="add_scale")
+    with pytest.raises(AttributeError, match="has no entry point 'nope'"):
+        lib.op("axon_native_test::nope(Tensor x) -> Tensor")
+
+
+def test_native_op_meta_compile_and_autograd(lib, native):
+    add_scale = native["add_scale"]
+    m = add_scale(torch.empty(3, 4, device="meta"), torch.empty(3, 4, device="meta"), 2.0)
+    assert m.device.type == "meta" and m.shape == (3, 4)
+    x_cpu, y_cpu = make((8, 16), torch.float32, seed=35), make((8, 16), torch.float32, seed=36)
+    x, y = x_cpu.to(DEV), y_cpu.to(DEV)
+
+    def f(a, b):
+        return add_scale(a * 2, b, 0.5).relu() + 1
+
+    torch._dynamo.reset()
+    explain = torch._dynamo.explain(f)(x, y)
+    assert explain.graph_break_count == 0 and explain.graph_count == 1, explain.break_reasons
+    compiled = torch.compile(f, fullgraph=True)
+    torch.testing.assert_close(compiled(x, y).cpu(), f(x, y).cpu(), atol=0, rtol=0)
+    dyn = torch.compile(f, fullgraph=True, dynamic=True)  # symbolic sizes are specialised
+    for rows in (3, 5):
+        a, b = make((rows, 16), torch.float32, seed=rows).to(DEV), torch.ones(rows, 16, device=DEV)
+        torch.testing.assert_close(dyn(a, b).cpu(), f(a, b).cpu(), atol=0, rtol=0)
+
+    # autograd through a backward registered from Python
+    def setup(ctx, inputs, output):
+        ctx.alpha = inputs[2]
+
+    def backward(ctx, grad):
+        return grad, grad * ctx.alpha, None
+
+    torch.library.register_autograd("axon_native_test::add_scale", backward, setup_context=setup)
+    xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
+    g = make((8, 16), torch.float32, seed=37)
+    add_scale(xg, yg, 0.5).backward(g.to(DEV))
+    xc, yc = x_cpu.clone().requires_grad_(), y_cpu.clone().requires_grad_()
+    (xc + 0.5 * yc).backward(g)
+    torch.testing.assert_close(xg.grad.cpu(), xc.grad, atol=0, rtol=0)
+    torch.testing.assert_close(yg.grad.cpu(), yc.grad, atol=0, rtol=0)
+
+
+def test_native_op_streams_graph_capture_and_profiler(native):
+    add_scale = native["add_scale"]
+    n = 1 << 18
+    x_cpu = make((n,), torch.float32, seed=38)
+    x = x_cpu.to(DEV)
+    add_scale(x, x, 1.0)
+    torch.axon.synchronize()
+    s = torch.axon.Stream()
+    s.wait_stream(torch.axon.current_stream())
+    with torch.axon.stream(s):
+        y = x * 3
+        out = add_scale(y, x, 0.5)  # on s, after y
+        z = out.sqrt()
+        done = torch.axon.Event()
+        done.record(s)
+    torch.axon.current_stream().wait_event(done)
+    torch.testing.assert_close((z + 1).cpu(), (x_cpu * 3 + 0.5 * x_cpu).sqrt() + 1,
+                               equal_nan=True)
+    a = make((64,), torch.float32, seed=39).to(DEV)
+    add_scale(a, a, 2.0)
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g):
+        r = add_scale(a, a, 2.0) * 2
+    for seed in (40, 41):
+        new = make((64,), torch.float32, seed=seed)
+        a.copy_(new)
+        g.replay()
+        torch.testing.assert_close(r.cpu(), (new + 2.0 * new) * 2, atol=0, rtol=0)
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        add_scale(a, a, 1.0).cpu()
+    names = [e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+    assert "axon_native_test::add_scale (axon)" in names, names

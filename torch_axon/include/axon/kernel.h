@@ -7,6 +7,10 @@
  * scratch memory and an error channel. It runs as stream work on the current stream of the
  * tensors' device, ordered with every other kernel.
  *
+ * A kernel may also be a native op (torch_axon.kernel: lib.op(schema, kernel, shape)): an
+ * AXON_SHAPE function gives its outputs' dtypes and sizes, checked on the host at each call
+ * and used as the op's meta kernel; the dispatcher then calls it with no Python in between.
+ *
  * Two layers, one header:
  *   - a C ABI (below; stable, versioned by AXON_KERNEL_ABI_VERSION), usable from C;
  *   - a header-only C++17 layer, namespace axon::kernel: View<T>, bf16/f16, Vec (SIMD float
@@ -55,7 +59,9 @@ enum AxonDType {
   AXON_INT16 = 6,
   AXON_INT8 = 7,
   AXON_UINT8 = 8,
-  AXON_BOOL = 9
+  AXON_BOOL = 9,
+  /* An optional tensor argument of a native op given None: data NULL, ndim 0. */
+  AXON_NONE = -1
 };
 
 /* A strided view of a device tensor. */
@@ -100,6 +106,16 @@ typedef struct AxonKernelArgs {
 /* Every kernel entry point. */
 typedef void (*AxonKernelFn)(const AxonKernelContext* ctx, const AxonKernelArgs* args);
 
+/* The output rule of a native op (torch_axon.kernel: lib.op(schema, kernel, shape=...)).
+   Called on the host at every call of the op (and on meta or fake tensors, for
+   torch.compile), before anything is allocated or launched, with the op's arguments as its
+   kernel will get them, outputs left out; tensors have data NULL. It sets each output's
+   dtype, ndim and sizes (outputs are allocated contiguous) and returns 0, or writes a
+   message into err (err_len bytes, NUL-terminated: axon_shape_error) and returns non-zero:
+   the call then raises RuntimeError with the message. */
+typedef int (*AxonShapeFn)(const AxonKernelArgs* inputs, AxonTensor* outputs,
+                           int32_t num_outputs, char* err, size_t err_len);
+
 #ifdef __cplusplus
 }
 #endif
@@ -122,7 +138,36 @@ typedef void (*AxonKernelFn)(const AxonKernelContext* ctx, const AxonKernelArgs*
     }                                     \
   } while (0)
 
+/* Copies msg into a shape function's err buffer (truncated, NUL-terminated). */
+static inline void axon_shape_error(char* err, size_t err_len, const char* msg) {
+  size_t i = 0;
+  if (err == NULL || err_len == 0) return;
+  for (; msg != NULL && msg[i] != 0 && i + 1 < err_len; ++i) err[i] = msg[i];
+  err[i] = 0;
+}
+
+/* Inside AXON_SHAPE: if cond is false, the op raises RuntimeError(msg) at the call. */
+#define AXON_SHAPE_CHECK(cond, msg)            \
+  do {                                         \
+    if (!(cond)) {                             \
+      axon_shape_error(err, err_len, (msg));   \
+      return 1;                                \
+    }                                          \
+  } while (0)
+
 #if !defined(__cplusplus) || defined(AXON_KERNEL_C_ABI_ONLY)
+/* C: AXON_SHAPE(name) { body using args, outputs, num_outputs; return 0; }: a native op's
+   output rule (AxonShapeFn). */
+#ifdef __cplusplus
+#define AXON_SHAPE_LINKAGE extern "C"
+#else
+#define AXON_SHAPE_LINKAGE
+#endif
+#define AXON_SHAPE(name)                                                                   \
+  AXON_SHAPE_LINKAGE AXON_KERNEL_EXPORT int name(                                         \
+      const AxonKernelArgs* args AXON_KERNEL_UNUSED, AxonTensor* outputs AXON_KERNEL_UNUSED, \
+      int32_t num_outputs AXON_KERNEL_UNUSED, char* err AXON_KERNEL_UNUSED,               \
+      size_t err_len AXON_KERNEL_UNUSED)
 /* C: AXON_KERNEL(name) { body using ctx and args } */
 #define AXON_KERNEL(name)                                                         \
   AXON_KERNEL_EXPORT void name(const AxonKernelContext* ctx AXON_KERNEL_UNUSED, \
@@ -174,6 +219,36 @@ typedef void (*AxonKernelFn)(const AxonKernelContext* ctx, const AxonKernelArgs*
 #define AXON_KERNEL(name)                                                                    \
   extern "C" AXON_KERNEL_EXPORT void name(const AxonKernelContext* ctx AXON_KERNEL_UNUSED,  \
                                           const AxonKernelArgs* args AXON_KERNEL_UNUSED)
+#endif
+
+/* AXON_SHAPE(name) { body using args, outputs, num_outputs; return 0; }: an extern "C"
+   output rule of a native op (AxonShapeFn). A C++ exception escaping the body becomes the
+   call's error. */
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+#define AXON_SHAPE(name)                                                                     \
+  static int axon_shape_body_##name(const AxonKernelArgs*, AxonTensor*, int32_t, char*,      \
+                                    size_t);                                                 \
+  extern "C" AXON_KERNEL_EXPORT int name(const AxonKernelArgs* args, AxonTensor* outputs,    \
+                                         int32_t num_outputs, char* err, size_t err_len) {   \
+    try {                                                                                    \
+      return axon_shape_body_##name(args, outputs, num_outputs, err, err_len);               \
+    } catch (const std::exception& e) {                                                      \
+      axon_shape_error(err, err_len, e.what());                                              \
+    } catch (...) {                                                                          \
+      axon_shape_error(err, err_len, "unknown C++ exception");                               \
+    }                                                                                        \
+    return 1;                                                                                \
+  }                                                                                          \
+  static int axon_shape_body_##name(                                                         \
+      const AxonKernelArgs* args AXON_KERNEL_UNUSED, AxonTensor* outputs AXON_KERNEL_UNUSED, \
+      int32_t num_outputs AXON_KERNEL_UNUSED, char* err AXON_KERNEL_UNUSED,                 \
+      size_t err_len AXON_KERNEL_UNUSED)
+#else
+#define AXON_SHAPE(name)                                                                     \
+  extern "C" AXON_KERNEL_EXPORT int name(                                                    \
+      const AxonKernelArgs* args AXON_KERNEL_UNUSED, AxonTensor* outputs AXON_KERNEL_UNUSED, \
+      int32_t num_outputs AXON_KERNEL_UNUSED, char* err AXON_KERNEL_UNUSED,                 \
+      size_t err_len AXON_KERNEL_UNUSED)
 #endif
 
 /* Which Vec implementation this translation unit gets (chosen by the compiler flags). */
@@ -293,6 +368,14 @@ constexpr int32_t dtype_of() {
 template <class T>
 inline bool is(const AxonTensor& t) {
   return t.dtype == dtype_of<T>();
+}
+// Whether an optional tensor argument of a native op was given (not None).
+inline bool given(const AxonTensor& t) { return t.dtype != AXON_NONE; }
+// In a native op's output rule: out gets in's sizes and dtype (or `dtype`).
+inline void set_like(AxonTensor& out, const AxonTensor& in, int32_t dtype = AXON_NONE) {
+  out.dtype = dtype == AXON_NONE ? in.dtype : dtype;
+  out.ndim = in.ndim;
+  for (int d = 0; d < AXON_MAX_DIMS; ++d) out.sizes[d] = in.sizes[d];
 }
 
 // A typed view of an AxonTensor (valid while the kernel runs). Indices are not
