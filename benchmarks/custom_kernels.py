@@ -78,6 +78,21 @@ def compiled(fn):
     return c
 
 
+_TILE = []
+
+
+def tile_rms_norm():
+    """LlamaRMSNorm in torch_axon.tile's language (docs/kernels.md), built once."""
+    if not _TILE:
+        import torch_axon.tile as tl
+
+        @tl.kernel("axon_bench::tile_rms_norm(Tensor x, Tensor w, float eps) -> Tensor")
+        def rms_norm(x, w, eps):
+            return x * tl.rsqrt(tl.mean(x * x) + eps) * w
+        _TILE.append(rms_norm)
+    return _TILE[0]
+
+
 def cases(args, dtype, act, ln, rot, vit):
     from transformers import ViTConfig
     from transformers.models.llama import modeling_llama
@@ -115,6 +130,11 @@ def cases(args, dtype, act, ln, rot, vit):
     x, r = rnd(T, H), rnd(T, H)
     yield ("RMSNorm (LlamaRMSNorm)", f"[{T}, {H}]", lambda: norm(x),
            lambda: ln.rms_norm(x, norm.weight, 1e-6), True)
+
+    yield ("RMSNorm, tile language (torch_axon.tile)", f"[{T}, {H}]", lambda: norm(x),
+           lambda: tile_rms_norm()(x, norm.weight, 1e-6), True)
+    yield ("RMSNorm, tile language, decode rows", f"[8, {H}]", lambda: norm(x[:8]),
+           lambda: tile_rms_norm()(x[:8], norm.weight, 1e-6), True)
 
     def add_rms(x=x, r=r):
         h = x + r
