@@ -197,8 +197,13 @@ class KernelLibrary:
         self._functions[entry] = fn
         return fn
 
-    def _symbol(self, entry: str) -> int:
-        return self.function(entry).address
+    def _symbol(self, entry: str, what: str = "AXON_KERNEL") -> int:
+        try:
+            return self.function(entry).address
+        except AttributeError:
+            raise AttributeError(
+                f"axon kernel library '{self.name}' ({self.path}) has no entry point '{entry}' "
+                f"(define it with {what}({entry}) or extern \"C\")") from None
 
     def op(self, schema: str, kernel: str | None = None, shape: str | None = None,
            name: str | None = None):
@@ -214,10 +219,12 @@ class KernelLibrary:
         elements) as its ints and ``float`` arguments as its floats, in schema order.
         ``Tensor(a!)`` arguments are written by the kernel (their versions are bumped).
         The shape function is also the op's Meta kernel, so meta tensors and
-        ``torch.compile`` (one extern call, no graph break; symbolic sizes are specialised)
-        work without a ``register_fake``; add autograd with
-        ``torch.library.register_autograd``. Registering a qualified name again replaces
-        its kernels (the schema must be the same)."""
+        ``torch.compile`` (one extern call, no graph break) work without a
+        ``register_fake``; it sees concrete sizes, so under dynamic shapes each new size
+        recompiles (without ``shape``, or with a ``torch.library.register_fake``, sizes stay
+        symbolic). Add autograd to an op without ``Tensor(a!)`` arguments with
+        ``torch.library.register_autograd``. Registering a qualified name again replaces its
+        kernel and output rule for later calls (the schema must be the same)."""
         from torch_axon import _C
         qualname, sep, _ = schema.partition("(")
         qualname = qualname.strip()
@@ -225,8 +232,10 @@ class KernelLibrary:
             raise ValueError(f"expected a schema 'namespace::name(args) -> returns', got {schema!r}")
         ns, opname = qualname.split("::", 1)
         signature = schema.strip()[len(qualname):].strip()
+        # compared as PyTorch prints it (spacing, defaults and aliases normalised)
+        canonical = str(torch._C.parse_schema(qualname + signature))
         fn = self._symbol(kernel or opname.split(".")[0])
-        shape_fn = self._symbol(shape) if shape else 0
+        shape_fn = self._symbol(shape, "AXON_SHAPE") if shape else 0
         with _lock:
             known = _native_ops.get(qualname)
             if known is None:
@@ -237,10 +246,10 @@ class KernelLibrary:
                 except BaseException:
                     library._destroy()  # an unsupported schema leaves no op behind
                     raise
-                _native_ops[qualname] = (signature, library)
-            elif known[0] != signature:
+                _native_ops[qualname] = (canonical, library)
+            elif known[0] != canonical:
                 raise RuntimeError(f"axon native op '{qualname}' is already defined with schema "
-                                   f"{qualname}{known[0]}; cannot redefine it as {schema!r}")
+                                   f"{known[0]}; cannot redefine it as {schema!r}")
             else:
                 _C._register_native_op(qualname, fn, shape_fn, name or qualname)
         packet = getattr(getattr(torch.ops, ns), opname.split(".")[0])

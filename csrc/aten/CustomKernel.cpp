@@ -234,9 +234,10 @@ AxonTensor viewOf(const at::Tensor& t, size_t i, const std::string& name, c10::D
   AxonTensor v{};
   if (!t.defined()) {
     TORCH_CHECK(allow_none, "axon kernel '", name, "': tensor ", i, " is undefined");
-    v.dtype = AXON_NONE;
-    v.ndim = 0;
+    v.dtype = AXON_NONE;  // no elements: a loop over it runs zero times
+    v.ndim = 1;
     for (int d = 0; d < AXON_MAX_DIMS; ++d) v.sizes[d] = v.strides[d] = 1;
+    v.sizes[0] = 0;
     return v;
   }
   TORCH_CHECK(t.device().type() == device.type() && t.device().index() == device.index(),
@@ -338,73 +339,153 @@ std::string schemaTypeError(const c10::FunctionSchema& schema, const c10::Argume
 
 int64_t concreteInt(const c10::SymInt& v) { return v.guard_int(__FILE__, __LINE__); }
 
-// One registered op: parses the boxed stack into the kernel's arguments (tensors,
-// ints, floats), computes the outputs' shapes with the op's shape function (or
-// like its first tensor), allocates them and launches the kernel (PrivateUse1), or
-// returns meta outputs (Meta: meta tensors and torch.compile's fake tensors).
+// What one registration of an op holds: its kernel, output rule, launch name and
+// the schema's argument kinds.  Immutable once published; a re-registration
+// publishes a new one and the old one is never freed (a call on another thread
+// may still read it: the dispatcher's kernel stays registered for the process).
+struct NativeOpState {
+  AxonKernelFn fn = nullptr;
+  AxonShapeFn shape = nullptr;
+  const char* name = nullptr;
+  std::vector<ArgKind> kinds;
+  std::vector<bool> write;
+  size_t num_outputs = 0;
+};
+
+std::unique_ptr<NativeOpState> makeState(const c10::FunctionSchema& schema, AxonKernelFn fn,
+                                         AxonShapeFn shape, const char* name) {
+  auto st = std::make_unique<NativeOpState>();
+  st->fn = fn;
+  st->shape = shape;
+  st->name = name;
+  for (const c10::Argument& a : schema.arguments()) {
+    const c10::TypePtr& t = a.type();
+    const bool write = a.alias_info() != nullptr && a.alias_info()->isWrite();
+    TORCH_CHECK(a.alias_info() == nullptr || write,
+                schemaTypeError(schema, a, "argument (a non-writing alias)"));
+    ArgKind kind;
+    if (t->kind() == c10::TypeKind::TensorType) {
+      kind = ArgKind::kTensor;
+    } else if (t->kind() == c10::TypeKind::OptionalType &&
+               t->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+                   c10::TypeKind::TensorType) {
+      TORCH_CHECK(!write, schemaTypeError(schema, a, "argument (an optional written tensor)"));
+      kind = ArgKind::kOptionalTensor;
+    } else if (t->kind() == c10::TypeKind::IntType || t->kind() == c10::TypeKind::SymIntType) {
+      kind = ArgKind::kInt;
+    } else if (t->kind() == c10::TypeKind::BoolType) {
+      kind = ArgKind::kBool;
+    } else if (t->kind() == c10::TypeKind::FloatType) {
+      kind = ArgKind::kFloat;
+    } else if (t->kind() == c10::TypeKind::ListType &&
+               (t->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::IntType ||
+                t->castRaw<c10::ListType>()->getElementType()->kind() ==
+                    c10::TypeKind::SymIntType)) {
+      kind = ArgKind::kIntList;
+    } else {
+      TORCH_CHECK(false, schemaTypeError(schema, a, "argument"));
+    }
+    TORCH_CHECK(!write || kind == ArgKind::kTensor, schemaTypeError(schema, a, "argument"));
+    st->kinds.push_back(kind);
+    st->write.push_back(write);
+  }
+  for (const c10::Argument& r : schema.returns()) {
+    TORCH_CHECK(r.type()->kind() == c10::TypeKind::TensorType && r.alias_info() == nullptr,
+                schemaTypeError(schema, r, "return"));
+  }
+  st->num_outputs = schema.returns().size();
+  TORCH_CHECK(std::count(st->kinds.begin(), st->kinds.end(), ArgKind::kTensor) +
+                      std::count(st->kinds.begin(), st->kinds.end(), ArgKind::kOptionalTensor) >
+                  0,
+              "axon native op '", schema.name(), "' has no Tensor argument: the device of "
+              "a call comes from its tensors");
+  return st;
+}
+
+std::optional<c10::ScalarType> scalarTypeOf(int32_t dt) {
+  switch (dt) {
+    case AXON_FLOAT32: return c10::ScalarType::Float;
+    case AXON_BFLOAT16: return c10::ScalarType::BFloat16;
+    case AXON_FLOAT16: return c10::ScalarType::Half;
+    case AXON_FLOAT64: return c10::ScalarType::Double;
+    case AXON_INT64: return c10::ScalarType::Long;
+    case AXON_INT32: return c10::ScalarType::Int;
+    case AXON_INT16: return c10::ScalarType::Short;
+    case AXON_INT8: return c10::ScalarType::Char;
+    case AXON_UINT8: return c10::ScalarType::Byte;
+    case AXON_BOOL: return c10::ScalarType::Bool;
+    default: return std::nullopt;
+  }
+}
+
+// The op's PrivateUse1 (or Meta) kernel: parses the boxed stack by the schema into
+// the kernel's arguments (tensors, ints, floats), computes the outputs' shapes with
+// the op's shape function (or like its first tensor), allocates them and launches
+// the kernel (PrivateUse1), or returns meta outputs (Meta: meta tensors and
+// torch.compile's fake tensors).  Registered once per op for the process; the
+// registration it runs is `state_`.
 class NativeOpKernel final : public c10::OperatorKernel {
  public:
-  NativeOpKernel(const c10::FunctionSchema& schema, AxonKernelFn fn, AxonShapeFn shape,
-                 const char* name, bool meta)
-      : fn_(fn), shape_(shape), name_(name), meta_(meta) {
-    for (const c10::Argument& a : schema.arguments()) {
-      const c10::TypePtr& t = a.type();
-      const bool write = a.alias_info() != nullptr && a.alias_info()->isWrite();
-      TORCH_CHECK(a.alias_info() == nullptr || write,
-                  schemaTypeError(schema, a, "argument (a non-writing alias)"));
-      if (t->kind() == c10::TypeKind::TensorType) {
-        kinds_.push_back(ArgKind::kTensor);
-      } else if (t->kind() == c10::TypeKind::OptionalType &&
-                 t->castRaw<c10::OptionalType>()->getElementType()->kind() ==
-                     c10::TypeKind::TensorType) {
-        TORCH_CHECK(!write, schemaTypeError(schema, a, "argument (an optional written tensor)"));
-        kinds_.push_back(ArgKind::kOptionalTensor);
-      } else if (t->kind() == c10::TypeKind::IntType || t->kind() == c10::TypeKind::SymIntType) {
-        kinds_.push_back(ArgKind::kInt);
-      } else if (t->kind() == c10::TypeKind::BoolType) {
-        kinds_.push_back(ArgKind::kBool);
-      } else if (t->kind() == c10::TypeKind::FloatType) {
-        kinds_.push_back(ArgKind::kFloat);
-      } else if (t->kind() == c10::TypeKind::ListType &&
-                 (t->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::IntType ||
-                  t->castRaw<c10::ListType>()->getElementType()->kind() ==
-                      c10::TypeKind::SymIntType)) {
-        kinds_.push_back(ArgKind::kIntList);
-      } else {
-        TORCH_CHECK(false, schemaTypeError(schema, a, "argument"));
-      }
-      TORCH_CHECK(!write || kinds_.back() == ArgKind::kTensor,
-                  schemaTypeError(schema, a, "argument"));
-      write_.push_back(write);
-    }
-    for (const c10::Argument& r : schema.returns()) {
-      TORCH_CHECK(r.type()->kind() == c10::TypeKind::TensorType && r.alias_info() == nullptr,
-                  schemaTypeError(schema, r, "return"));
-    }
-    num_outputs_ = schema.returns().size();
-    TORCH_CHECK(std::count(kinds_.begin(), kinds_.end(), ArgKind::kTensor) +
-                        std::count(kinds_.begin(), kinds_.end(), ArgKind::kOptionalTensor) > 0,
-                "axon native op '", schema.name(), "' has no Tensor argument: the device of "
-                "a call comes from its tensors");
-  }
+  NativeOpKernel(const NativeOpState* state, bool meta) : state_(state), meta_(meta) {}
+
+  void publish(const NativeOpState* state) { state_.store(state, std::memory_order_release); }
 
   void operator()(const c10::OperatorHandle& /*op*/, c10::DispatchKeySet /*ks*/,
                   torch::jit::Stack* stack) {
-    const size_t n = kinds_.size();
+    const NativeOpState& st = *state_.load(std::memory_order_acquire);
+    const size_t n = st.kinds.size();
     auto args = torch::jit::last(*stack, n);
     c10::SmallVector<at::Tensor, 8> tensors;
     c10::SmallVector<int64_t, 4> written;
+    for (size_t i = 0; i < n; ++i) {
+      if (st.kinds[i] == ArgKind::kTensor) {
+        if (st.write[i]) written.push_back(static_cast<int64_t>(tensors.size()));
+        tensors.push_back(args[i].toTensor());
+      } else if (st.kinds[i] == ArgKind::kOptionalTensor) {
+        tensors.push_back(args[i].isNone() ? at::Tensor() : args[i].toTensor());
+      }
+    }
+    // The device: the first tensor's (axon, or meta for the Meta kernel).
+    const at::Tensor* first = nullptr;
+    for (const at::Tensor& t : tensors) {
+      if (t.defined()) {
+        first = &t;
+        break;
+      }
+    }
+    TORCH_CHECK(first != nullptr, "axon native op '", st.name, "': every tensor argument is None");
+    c10::Device device = first->device();
+    if (!meta_) {
+      const c10::DeviceIndex axon = firstAxonDevice(tensors);
+      if (axon >= 0) device = c10::Device(kAxon, axon);
+    }
+    const std::string name(st.name);
+    c10::SmallVector<at::Tensor, 2> results;
+    if (meta_ && st.shape == nullptr) {
+      // Outputs like the first tensor: symbolic sizes stay symbolic (no guards).
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        const at::Tensor& t = tensors[i];
+        if (!t.defined()) continue;
+        TORCH_CHECK(t.device() == device, "Expected all tensors to be on the same device, but "
+                    "found at least two devices, ", device, " and ", t.device(),
+                    "! (when checking arguments for ", name, ")");
+        TORCH_CHECK(axonDType(t.scalar_type()) >= 0, "axon kernel '", name,
+                    "': unsupported dtype ", t.scalar_type(), " of tensor ", i);
+      }
+      for (size_t k = 0; k < st.num_outputs; ++k) {
+        results.push_back(at::empty_symint(first->sym_sizes(), first->options()));
+      }
+      torch::jit::drop(*stack, n);
+      for (at::Tensor& r : results) stack->emplace_back(std::move(r));
+      return;
+    }
     std::vector<int64_t> ints;
     std::vector<double> floats;
     for (size_t i = 0; i < n; ++i) {
       const c10::IValue& v = args[i];
-      switch (kinds_[i]) {
+      switch (st.kinds[i]) {
         case ArgKind::kTensor:
-          if (write_[i]) written.push_back(static_cast<int64_t>(tensors.size()));
-          tensors.push_back(v.toTensor());
-          break;
         case ArgKind::kOptionalTensor:
-          tensors.push_back(v.isNone() ? at::Tensor() : v.toTensor());
           break;
         case ArgKind::kInt:
           ints.push_back(v.isInt() ? v.toInt() : concreteInt(v.toSymInt()));
@@ -430,34 +511,18 @@ class NativeOpKernel final : public c10::OperatorKernel {
           break;
       }
     }
-    // The device: the first tensor's (axon, or meta for the Meta kernel).
-    c10::Device device(c10::kCPU);
-    bool found = false;
-    for (const at::Tensor& t : tensors) {
-      if (t.defined()) {
-        device = t.device();
-        found = true;
-        break;
-      }
-    }
-    TORCH_CHECK(found, "axon native op '", name_, "': every tensor argument is None");
-    if (!meta_) {
-      const c10::DeviceIndex axon = firstAxonDevice(tensors);
-      if (axon >= 0) device = c10::Device(kAxon, axon);
-    }
     // Output shapes.
-    const std::string name(name_);
     std::vector<AxonTensor> views(tensors.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
       views[i] = shapeView(tensors[i], i, name, device);
     }
-    std::vector<AxonTensor> outs(num_outputs_);
+    std::vector<AxonTensor> outs(st.num_outputs);
     for (AxonTensor& o : outs) {
       o = AxonTensor{};
       o.dtype = AXON_NONE;
       o.ndim = -1;
     }
-    if (shape_ != nullptr) {
+    if (st.shape != nullptr) {
       AxonKernelArgs in{};
       in.tensors = views.data();
       in.num_tensors = static_cast<int32_t>(views.size());
@@ -466,44 +531,35 @@ class NativeOpKernel final : public c10::OperatorKernel {
       in.floats = floats.data();
       in.num_floats = static_cast<int32_t>(floats.size());
       char err[1024] = {0};
-      const int rc = shape_(&in, outs.data(), static_cast<int32_t>(outs.size()), err, sizeof err);
-      TORCH_CHECK(rc == 0, name_, ": ", err[0] != 0 ? err : "the shape function failed");
+      const int rc = st.shape(&in, outs.data(), static_cast<int32_t>(outs.size()), err, sizeof err);
+      err[sizeof err - 1] = 0;
+      TORCH_CHECK(rc == 0, name, ": ", err[0] != 0 ? err : "the shape function failed");
     } else {
-      const AxonTensor* first = nullptr;
-      for (const AxonTensor& v : views) {
-        if (v.dtype != AXON_NONE) {
-          first = &v;
-          break;
-        }
-      }
-      for (AxonTensor& o : outs) o = *first;
+      for (AxonTensor& o : outs) o = views[first - tensors.data()];
     }
-    c10::SmallVector<at::Tensor, 2> results;
     for (size_t k = 0; k < outs.size(); ++k) {
       const AxonTensor& o = outs[k];
-      TORCH_CHECK(o.ndim >= 0 && o.ndim <= AXON_MAX_DIMS, name_, ": the shape function gave ",
+      TORCH_CHECK(o.ndim >= 0 && o.ndim <= AXON_MAX_DIMS, name, ": the shape function gave ",
                   "output ", k, " ndim ", o.ndim, " (expected 0..", AXON_MAX_DIMS, ")");
-      const auto st = scalarTypeOf(o.dtype);
-      TORCH_CHECK(st.has_value(), name_, ": the shape function gave output ", k,
+      const auto dt = scalarTypeOf(o.dtype);
+      TORCH_CHECK(dt.has_value(), name, ": the shape function gave output ", k,
                   " an invalid dtype ", o.dtype);
       c10::SmallVector<int64_t, AXON_MAX_DIMS> sizes;
       for (int d = 0; d < o.ndim; ++d) {
-        TORCH_CHECK(o.sizes[d] >= 0, name_, ": the shape function gave output ", k,
+        TORCH_CHECK(o.sizes[d] >= 0, name, ": the shape function gave output ", k,
                     " a negative size ", o.sizes[d], " in dimension ", d);
         sizes.push_back(o.sizes[d]);
       }
-      results.push_back(meta_ ? at::empty(sizes, at::TensorOptions().dtype(*st).device(device))
-                              : emptyDevice(sizes, *st, device.index()));
+      results.push_back(meta_ ? at::empty(sizes, at::TensorOptions().dtype(*dt).device(device))
+                              : emptyDevice(sizes, *dt, device.index()));
     }
     if (!meta_) {
-      TORCH_CHECK(device.type() == kAxon, "axon native op '", name_,
+      TORCH_CHECK(device.type() == kAxon, "axon native op '", name,
                   "': expected axon tensors, but got tensors on ", device);
       std::vector<at::Tensor> all(tensors.begin(), tensors.end());
-      for (size_t k = 0; k < results.size(); ++k) {
-        written.push_back(static_cast<int64_t>(all.size()));
-        all.push_back(results[k]);
-      }
-      launchOn(fn_, name_, device.index(), all, std::move(ints), std::move(floats), written,
+      for (const at::Tensor& r : results) all.push_back(r);
+      // (outputs are new: only the Tensor(a!) arguments' versions are bumped)
+      launchOn(st.fn, st.name, device.index(), all, std::move(ints), std::move(floats), written,
                /*allow_none=*/true);
     }
     torch::jit::drop(*stack, n);
@@ -533,43 +589,30 @@ class NativeOpKernel final : public c10::OperatorKernel {
     return v;
   }
 
-  static std::optional<c10::ScalarType> scalarTypeOf(int32_t dt) {
-    switch (dt) {
-      case AXON_FLOAT32: return c10::ScalarType::Float;
-      case AXON_BFLOAT16: return c10::ScalarType::BFloat16;
-      case AXON_FLOAT16: return c10::ScalarType::Half;
-      case AXON_FLOAT64: return c10::ScalarType::Double;
-      case AXON_INT64: return c10::ScalarType::Long;
-      case AXON_INT32: return c10::ScalarType::Int;
-      case AXON_INT16: return c10::ScalarType::Short;
-      case AXON_INT8: return c10::ScalarType::Char;
-      case AXON_UINT8: return c10::ScalarType::Byte;
-      case AXON_BOOL: return c10::ScalarType::Bool;
-      default: return std::nullopt;
-    }
-  }
-
-  std::vector<ArgKind> kinds_;
-  std::vector<bool> write_;
-  size_t num_outputs_ = 0;
-  AxonKernelFn fn_;
-  AxonShapeFn shape_;
-  const char* name_;
+  std::atomic<const NativeOpState*> state_;
   bool meta_;
 };
 
+// One op's dispatcher registrations (kept for the process) and its kernels.
 struct NativeOpRegistration {
   std::unique_ptr<torch::Library> device;
   std::unique_ptr<torch::Library> meta;
+  NativeOpKernel* device_kernel = nullptr;  // owned by the dispatcher's registration
+  NativeOpKernel* meta_kernel = nullptr;
 };
 
 std::mutex& nativeOpsMutex() {
   static std::mutex m;
   return m;
 }
+// Never destroyed: the registrations and every published state live for the process.
 std::unordered_map<std::string, NativeOpRegistration>& nativeOps() {
   static auto* ops = new std::unordered_map<std::string, NativeOpRegistration>();
   return *ops;
+}
+std::vector<std::unique_ptr<NativeOpState>>& nativeOpStates() {
+  static auto* states = new std::vector<std::unique_ptr<NativeOpState>>();
+  return *states;
 }
 
 }  // namespace
@@ -588,16 +631,25 @@ void registerNativeOp(const std::string& qualname, int64_t fn, int64_t shape_fn,
   auto handle = c10::Dispatcher::singleton().findSchema({ns + "::" + opname, overload});
   TORCH_CHECK(handle.has_value(), "axon native op '", qualname,
               "': no such operator (define its schema first)");
-  const c10::FunctionSchema& schema = handle->schema();
   const char* interned = internName(launch_name.empty() ? qualname : launch_name);
-  auto kernelFn = reinterpret_cast<AxonKernelFn>(static_cast<uintptr_t>(fn));
-  auto shapeFn = reinterpret_cast<AxonShapeFn>(static_cast<uintptr_t>(shape_fn));
-  // Built (and the schema checked) before the old registration goes.
-  auto deviceKernel = std::make_unique<NativeOpKernel>(schema, kernelFn, shapeFn, interned, false);
-  auto metaKernel = std::make_unique<NativeOpKernel>(schema, kernelFn, shapeFn, interned, true);
+  auto state = makeState(handle->schema(), reinterpret_cast<AxonKernelFn>(static_cast<uintptr_t>(fn)),
+                         reinterpret_cast<AxonShapeFn>(static_cast<uintptr_t>(shape_fn)),
+                         interned);  // (checks the schema)
   std::lock_guard<std::mutex> g(nativeOpsMutex());
-  nativeOps().erase(qualname);
+  const NativeOpState* published = state.get();
+  nativeOpStates().push_back(std::move(state));
+  auto it = nativeOps().find(qualname);
+  if (it != nativeOps().end()) {
+    // Calls in flight on other threads finish with the state they loaded.
+    it->second.device_kernel->publish(published);
+    it->second.meta_kernel->publish(published);
+    return;
+  }
   NativeOpRegistration r;
+  auto deviceKernel = std::make_unique<NativeOpKernel>(published, false);
+  auto metaKernel = std::make_unique<NativeOpKernel>(published, true);
+  r.device_kernel = deviceKernel.get();
+  r.meta_kernel = metaKernel.get();
   r.device = std::make_unique<torch::Library>(torch::Library::IMPL, ns,
                                               c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   r.device->impl(rest.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(deviceKernel)));
@@ -605,11 +657,6 @@ void registerNativeOp(const std::string& qualname, int64_t fn, int64_t shape_fn,
                                             __FILE__, __LINE__);
   r.meta->impl(rest.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(metaKernel)));
   nativeOps().emplace(qualname, std::move(r));
-}
-
-void deregisterNativeOp(const std::string& qualname) {
-  std::lock_guard<std::mutex> g(nativeOpsMutex());
-  nativeOps().erase(qualname);
 }
 
 namespace {

@@ -11,9 +11,10 @@ namespace at::axon {
 
 // `fn` is the kernel's AxonKernelFn, `shape_fn` its AxonShapeFn or 0 (outputs
 // like the first tensor argument); `launch_name` labels launches ("" = qualname).
-// Registering a name again replaces the earlier kernels.
+// Registering a name again replaces the kernel and output rule for later
+// calls (calls in flight on other threads finish with the earlier ones); the
+// dispatcher's registrations stay for the process.
 void registerNativeOp(const std::string& qualname, int64_t fn, int64_t shape_fn,
                       const std::string& launch_name);
-void deregisterNativeOp(const std::string& qualname);
 
 }  // namespace at::axon

@@ -107,7 +107,6 @@ PYBIND11_MODULE(_C, m) {
   // torch_axon.kernel's native ops (aten/CustomKernel.h).
   m.def("_register_native_op", &registerNativeOp, py::arg("qualname"), py::arg("fn"),
         py::arg("shape_fn"), py::arg("launch_name"));
-  m.def("_deregister_native_op", &deregisterNativeOp);
   // The memory format of the CPU's convolution result for these arguments
   // (aten/GenericKernel.h): torch.compile's fake convolutions on axon ask it
   // (integrations/torch_compile.py), so that compiled and eager layouts agree.

@@ -287,6 +287,31 @@ AXON_KERNEL(add_inplace) {
   for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] += float(args->floats[0]);
 }
 
+// out = x - alpha * y: add_scale's arguments, another result (re-registration tests).
+AXON_KERNEL(sub_scale) {
+  const AxonTensor &x = args->tensors[0], &y = args->tensors[1], &o = args->tensors[2];
+  const float alpha = -float(args->floats[0]);
+  const bool ok = dispatch_float(o.dtype, [&](auto tag) {
+    add_scale_t<decltype(tag)>(ctx, x, y, o, alpha);
+  });
+  AXON_CHECK(ctx, ok, "sub_scale: expected float32, bfloat16 or float16");
+}
+
+// none_probe(Tensor? a, Tensor x) -> Tensor: out[0] = given(a), out[1] = numel(a), out[2] = ndim(a)
+AXON_SHAPE(none_probe_shape) {
+  outputs[0].dtype = AXON_INT64;
+  outputs[0].ndim = 1;
+  outputs[0].sizes[0] = 3;
+  return 0;
+}
+AXON_KERNEL(none_probe) {
+  View<int64_t> out = as<int64_t>(args->tensors[2]);
+  View<float> a = as<float>(args->tensors[0]);
+  out(0) = given(args->tensors[0]);
+  out(1) = a.numel();
+  out(2) = a.ndim();
+}
+
 // An output rule that forgets its second output.
 AXON_SHAPE(forgets_an_output) {
   set_like(outputs[0], args->tensors[0]);
@@ -1038,3 +1063,67 @@ def test_native_op_streams_graph_capture_and_profiler(native):
         add_scale(a, a, 1.0).cpu()
     names = [e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
     assert "axon_native_test::add_scale (axon)" in names, names
+
+
+def test_native_op_outputs_are_new_tensors_and_none_has_no_elements(lib, native):
+    x = torch.ones(4, device=DEV)
+    out = native["add_scale"](x, x, 1.0)
+    assert out._version == 0 and x._version == 0  # only Tensor(a!) arguments are bumped
+    probe = lib.op("axon_native_test::none_probe(Tensor? a, Tensor x) -> Tensor",
+                   shape="none_probe_shape")
+    assert probe(None, x).cpu().tolist() == [0, 0, 1]
+    assert probe(torch.ones(2, 3, device=DEV), x).cpu().tolist() == [1, 6, 2]
+    with pytest.raises(AttributeError, match=r"no entry point 'nope_shape' \(define it with "
+                                             r"AXON_SHAPE\(nope_shape\)"):
+        lib.op("axon_native_test::nope2(Tensor x) -> Tensor", kernel="add_scale",
+               shape="nope_shape")
+    # the same schema spelled differently is the same op
+    again = lib.op("axon_native_test::add_scale( Tensor x,Tensor y, float alpha)->Tensor",
+                   shape="add_scale_shape")
+    torch.testing.assert_close(again(x, x, 2.0).cpu(), torch.full((4,), 3.0), atol=0, rtol=0)
+
+
+def test_native_op_reregistration_while_another_thread_calls_it(lib):
+    """A re-registration replaces the kernel for later calls; calls in flight on another
+    thread finish with the one they started with (no freed state, no window without one)."""
+    import threading
+    schema = "axon_native_test::swap(Tensor x, Tensor y, float alpha) -> Tensor"
+    op = lib.op(schema, kernel="add_scale", shape="add_scale_shape")
+    x = torch.full((64,), 2.0, device=DEV)
+    y = torch.ones(64, device=DEV)
+    seen, errors, stop = set(), [], threading.Event()
+
+    def caller():
+        try:
+            while not stop.is_set():
+                seen.add(float(op(x, y, 1.0)[0]))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=caller)
+    t.start()
+    try:
+        for i in range(400):
+            lib.op(schema, kernel="sub_scale" if i % 2 == 0 else "add_scale",
+                   shape="add_scale_shape")
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors
+    assert seen <= {3.0, 1.0} and seen, seen  # add_scale's 2 + 1, sub_scale's 2 - 1
+    lib.op(schema, kernel="sub_scale", shape="add_scale_shape")
+    assert float(op(x, y, 1.0)[0]) == 1.0
+
+
+def test_native_op_without_output_rule_keeps_sizes_symbolic(lib):
+    from torch._dynamo.testing import CompileCounterWithBackend
+    like = lib.op("axon_native_test::like_x(Tensor x, Tensor y, float alpha) -> Tensor",
+                  kernel="add_scale")
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    f = torch.compile(lambda a: like(a, a, 0.5) * 2, backend=counter, dynamic=True,
+                      fullgraph=True)
+    for n in (5, 9, 17):
+        a = make((n, 3), torch.float32, seed=n).to(DEV)
+        torch.testing.assert_close(f(a).cpu(), a.cpu() * 1.5 * 2, atol=0, rtol=0)
+    assert counter.frame_count == 1, counter.frame_count

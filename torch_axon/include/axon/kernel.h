@@ -60,7 +60,8 @@ enum AxonDType {
   AXON_INT8 = 7,
   AXON_UINT8 = 8,
   AXON_BOOL = 9,
-  /* An optional tensor argument of a native op given None: data NULL, ndim 0. */
+  /* An optional tensor argument of a native op given None: data NULL, no elements
+     (ndim 1, sizes[0] 0). */
   AXON_NONE = -1
 };
 
