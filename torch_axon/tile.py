@@ -378,6 +378,9 @@ class TileOp:
         return f"TileOp({self.op})"
 
 
+_FAKES: set = set()
+
+
 def kernel(schema: str) -> Callable[[Callable], TileOp]:
     """Decorator: trace a tile function (see the module docstring) and register it as the
     native op ``schema`` (``"ns::name(Tensor x, ..., float eps) -> Tensor"``; arguments
@@ -418,6 +421,19 @@ def kernel(schema: str) -> Callable[[Callable], TileOp]:
         src = _Codegen(name, parsed.name, n_tensors, scalars, outputs).source()
         lib = K.load(name, source=src)
         op = lib.op(schema, kernel=name, shape=name + "_shape")
+        n_out = len(outputs)
+
+        # Under torch.compile: outputs like the first tensor, sizes kept symbolic (the C++
+        # output rule, which checks shapes and dtypes at each call, sees concrete sizes).
+        def fake(*args):
+            first = next(a for a in args if isinstance(a, torch.Tensor))
+            outs = tuple(torch.empty_like(first, memory_format=torch.contiguous_format)
+                         for _ in range(n_out))
+            return outs[0] if n_out == 1 else outs
+
+        if parsed.name not in _FAKES:
+            torch.library.register_fake(parsed.name)(fake)
+            _FAKES.add(parsed.name)
         return TileOp(op, src, lib)
 
     return wrap

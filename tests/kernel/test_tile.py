@@ -137,3 +137,17 @@ def test_compiled_equals_eager_and_the_source_is_readable(ops):
         torch.testing.assert_close(compiled(x).cpu(), f(x).cpu(), atol=0, rtol=0)
     src = ops["rms_norm"].source
     assert "parallel_for" in src and "AXON_SHAPE" in src and "reduce_sum" in src
+
+
+def test_dynamic_shapes_compile_once(ops):
+    from torch._dynamo.testing import CompileCounterWithBackend
+    w = make((32,), torch.float32, 0.5, 1.5, seed=8).to(DEV)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    f = torch.compile(lambda x: ops["rms_norm"](x, w, 1e-6) + 1, backend=counter, dynamic=True,
+                      fullgraph=True)
+    for rows in (2, 5, 11):
+        x = make((rows, 32), torch.float32, seed=rows).to(DEV)
+        torch.testing.assert_close(f(x).cpu(), (ops["rms_norm"](x, w, 1e-6) + 1).cpu(),
+                                   atol=0, rtol=0)
+    assert counter.frame_count == 1, counter.frame_count
