@@ -9,6 +9,9 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/_nested_tensor_size_native.h>
+#include <ATen/ops/_nested_tensor_storage_offsets_native.h>
+#include <ATen/ops/_nested_tensor_strides_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -340,6 +343,14 @@ void nestedFallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/)
 }
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&nestedFallback>());
+}
+// Their metadata (host tensors) is readable: autograd reads it when one is made
+// from axon tensors that require grad (InputMetadata), inside code that cannot
+// propagate an exception, so without these the process aborted there.
+TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
+  m.impl("_nested_tensor_size", &at::native::_nested_tensor_size);
+  m.impl("_nested_tensor_strides", &at::native::_nested_tensor_strides);
+  m.impl("_nested_tensor_storage_offsets", &at::native::_nested_tensor_storage_offsets);
 }
 // Ops dispatched on a quantized axon tensor or dtype
 // (_empty_affine_quantized, ...): PyTorch's error for a missing kernel names

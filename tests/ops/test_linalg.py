@@ -9,12 +9,13 @@ cross/kron; FFTs, complex views and the conjugate and negative bits; gcd/lcm.
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import FLOAT_DTYPES, assert_same, make, run_python
+from conftest import AXON, FLOAT_DTYPES, assert_same, make, run_python
 from op_util import compare, compare_fwd_bwd, stream_op_test, stream_op_zero_size_test
 
 
@@ -314,3 +315,35 @@ def test_solve_with_tensors_on_two_devices_is_pytorchs_error(other, which):
     for fn in (torch.linalg.solve, torch.linalg.solve_ex):
         with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
             fn(A, B)
+
+
+ADDR_SCALAR_CASES = [
+    (torch.float32, dict(beta=True)), (torch.float32, dict(alpha=True)),
+    (torch.int64, dict(beta=2.0)), (torch.int64, dict(alpha=1.5)),
+    (torch.bool, dict(beta=True, alpha=False)), (torch.int64, dict(beta=2, alpha=-1)),
+    (torch.bfloat16, dict(beta=0.5, alpha=2)),
+]
+
+
+@pytest.mark.parametrize("dtype, scalars", ADDR_SCALAR_CASES)
+@pytest.mark.parametrize("form", ["functional", "out", "inplace"])
+def test_addr_checks_its_scalars_like_cpu(dtype, scalars, form):
+    # a bool beta/alpha on non-bool results, or a float one on integer results, is the
+    # CPU's error; valid ones compute the CPU's values
+    m, v1, v2 = (make(s, dtype, seed=i) for i, s in enumerate([(3, 4), (3,), (4,)]))
+
+    def run(dev):
+        a, b, c = m.clone().to(dev), v1.to(dev), v2.to(dev)
+        if form == "functional":
+            return torch.addr(a, b, c, **scalars)
+        if form == "out":
+            return torch.addr(a, b, c, out=torch.empty_like(a), **scalars)
+        return a.addr_(b, c, **scalars)
+
+    try:
+        expected = run("cpu")
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError, match=re.escape(str(e))):
+            run(AXON)
+        return
+    assert_same(run(AXON), expected)

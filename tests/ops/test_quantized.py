@@ -157,6 +157,11 @@ def test_sparse_tensors_are_refused_with_a_clear_error(case):
 
 
 NESTED_CASES = {
+    # autograd records a nested tensor made from axon tensors that require grad (this
+    # aborted the process); its first op raises
+    "axon_nested_requiring_grad": lambda: torch.nested.as_nested_tensor(
+        [torch.ones(2, 3, device=AXON, requires_grad=True),
+         torch.ones(4, 3, device=AXON, requires_grad=True)]).relu(),
     "cpu_nested_to_axon": lambda: torch.nested.nested_tensor(
         [torch.ones(2, 3), torch.ones(4, 3)]).to(AXON),
     "op_on_axon_nested": lambda: torch.nested.nested_tensor(

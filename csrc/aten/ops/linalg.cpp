@@ -10,6 +10,7 @@
 //   generic stream kernel: the rest.  LAPACK-based ops stay in the fallback.
 #include <ATen/Context.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/native/TypeProperties.h>
 #include <ATen/ops/addr_native.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/addmm_meta.h>
@@ -281,6 +282,27 @@ at::Tensor& addmm_out(const at::Tensor& bias, const at::Tensor& a, const at::Ten
 // out wherever out lives, so a CPU out= was silently written.  Check the
 // devices first, as CUDA's kernel does (TensorIterator: CPU scalars only among
 // the inputs), then run it.
+// The CPU's (and CUDA's) checks of addr's scalars against the result dtype; ATen's
+// math_addr has none (a bool beta on floats, or a float alpha on integers, ran).
+void checkAddrScalars(c10::ScalarType dtype, const at::Scalar& beta, const at::Scalar& alpha) {
+  for (const auto& [s, name] : {std::pair<const at::Scalar&, const char*>{beta, "beta"},
+                                std::pair<const at::Scalar&, const char*>{alpha, "alpha"}}) {
+    TORCH_CHECK(!s.isBoolean() || dtype == c10::ScalarType::Bool, "Boolean ", name,
+                " only supported for Boolean results.");
+    TORCH_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype) || s.isIntegral(true),
+                "For integral input tensors, argument ", name,
+                " must not be a floating point number.");
+  }
+}
+
+at::Tensor addr(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
+                const at::Scalar& beta, const at::Scalar& alpha) {
+  const c10::DeviceIndex device = firstAxonDevice(vec1, vec2, self);
+  for (const at::Tensor* t : {&self, &vec1, &vec2}) checkSameDevice("aten::addr", device, *t);
+  checkAddrScalars(at::native::result_type({self, vec1, vec2}), beta, alpha);
+  return at::native::math_addr(self, vec1, vec2, beta, alpha);
+}
+
 at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
                      const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
   static constexpr const char* op = "aten::addr.out";
@@ -290,6 +312,7 @@ at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::T
               "Expected all tensors to be on the same device, but found at least two devices, ",
               c10::Device(kAxon, device), " and ", out.device(),
               "! (when checking arguments for ", op, ")");
+  checkAddrScalars(out.scalar_type(), beta, alpha);
   return at::native::math_addr_out(self, vec1, vec2, beta, alpha, out);
 }
 
@@ -305,6 +328,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   reg.impl(Path::kFused, "bmm", TORCH_FN(bmm));
   reg.impl(Path::kFused, "addmm", TORCH_FN(addmm));
   reg.impl(Path::kNative, "addr.out", addr_out);
+  reg.impl(Path::kNative, "addr", addr);
   reg.generic({
       "linalg_solve_triangular", "linalg_solve_triangular.out", "_cdist_forward",
       "_cdist_backward", "linalg_cross.out", "dot", "vdot", "trace", "addmv.out", "addbmm",
