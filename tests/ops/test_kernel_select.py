@@ -108,11 +108,12 @@ def test_gemm(mode, layout, isolated, no_fallback):
     assert_same(torch.mm(aa, ba), torch.mm(a, b), accum=True)
     for bias in (make((n,), torch.float32, seed=3), make((m, n), torch.float32, seed=4),
                  make((m, 1), torch.float32, seed=5)):
-        for beta, alpha in ((1, 1), (0.5, 2.0)):
+        # alpha 0: beta * bias (oneDNN alone left the result untouched), zeros for beta 0
+        for beta, alpha in ((1, 1), (0.5, 2.0), (0.5, 0.0), (0, 0.0), (2, 0)):
             expected = torch.addmm(bias, a, b, beta=beta, alpha=alpha)
             got = torch.addmm(bias.axon(), aa, ba, beta=beta, alpha=alpha)
             assert_same(got, expected, accum=True)
-            out = torch.empty(m, n, device="axon")
+            out = torch.full((m, n), float("nan"), device="axon")
             torch.addmm(bias.axon(), aa, ba, beta=beta, alpha=alpha, out=out)
             assert_same(out, expected, accum=True)
     nan_bias = torch.full((n,), float("nan"))

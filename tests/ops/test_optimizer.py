@@ -290,3 +290,37 @@ def test_fused_adam_size_one_dimensions_with_other_strides(decoupled):
                   weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False,
                   grad_scale=None, found_inf=None)
         torch.testing.assert_close(p.cpu(), ref_p, atol=1e-6, rtol=1e-6)
+
+
+# float64 parameters (ATen's CPU fused Adam as stream work: our kernel has no float64)
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("lr", ["number", "cpu_tensor", "axon_tensor"])
+@pytest.mark.parametrize("config", ["adamw_fused", "adam_fused"])
+def test_fused_adam_float64_matches_cpu(config, lr, amsgrad, no_fallback):
+    cls, extra = OPT_CONFIGS[config]
+
+    def lr_for(device):
+        return 0.05 if lr == "number" else torch.tensor(0.05, dtype=torch.float64).to(
+            "axon" if (lr == "axon_tensor" and device == "axon") else "cpu")
+
+    kw = dict(weight_decay=0.1, amsgrad=amsgrad, **extra)
+    cpu_params, _ = run_optimizer(cls, torch.float64, "cpu", lr=lr_for("cpu"), **kw)
+    ax_params, _ = run_optimizer(cls, torch.float64, "axon", lr=lr_for("axon"), **kw)
+    for pa, pc in zip(ax_params, cpu_params):
+        assert pa.dtype == torch.float64
+        assert_same(pa.detach(), pc.detach())
+
+
+# torch.optim hands a CPU tensor lr to the fused kernels as the user made it: 0-dim or
+# shape (1,) (CUDA reads a CPU lr on the host)
+@pytest.mark.parametrize("shape", [(), (1,)])
+@pytest.mark.parametrize("cls", [torch.optim.SGD, torch.optim.Adagrad, torch.optim.Adam])
+def test_fused_optimizers_take_a_one_element_cpu_lr(cls, shape):
+    kw = dict(momentum=0.9) if cls is torch.optim.SGD else {}
+    results = {}
+    for device in ("cpu", "axon"):
+        params, _ = run_optimizer(cls, torch.float32, device,
+                                  lr=torch.full(shape, 0.02), fused=True, **kw)
+        results[device] = [p.detach().cpu() for p in params]
+    for pa, pc in zip(results["axon"], results["cpu"]):
+        torch.testing.assert_close(pa, pc, rtol=1e-5, atol=1e-6)

@@ -159,7 +159,16 @@ void launch_gemm_into(const at::Tensor& a, const at::Tensor& b, const at::Tensor
             cbias = cpu_kernel::capture(bias), co = cpu_kernel::capture(out), beta, alpha] {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       at::Tensor o = co.view();
-      if (cbias.defined() && beta != 0.0f) {
+      if (alpha == 0.0f) {
+        // oneDNN leaves the result as it was for alpha 0; BLAS (and so the CPU)
+        // reads neither operand: beta * bias, or zeros for beta 0 (NaNs too)
+        if (cbias.defined() && beta != 0.0f) {
+          o.copy_(cbias.view().expand_as(o));
+          o.mul_(beta);
+        } else {
+          o.zero_();
+        }
+      } else if (cbias.defined() && beta != 0.0f) {
         o.copy_(cbias.view().expand_as(o));
         at::native::mkldnn_matmul(ca.view(), cb.view(), o, beta, alpha);
       } else {

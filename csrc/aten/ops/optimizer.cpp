@@ -14,6 +14,7 @@
 #include <axon/kernels/optimizer.h>
 
 #include "../CpuKernel.h"
+#include "../Fallback.h"
 #include "../KernelSelect.h"
 #include "../Kernels.h"
 #include "../Launch.h"
@@ -143,6 +144,70 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
     if (grad_scale.has_value() && grad_scale->defined()) write_back(grads, g);  // unscaled
     return;
   }
+  // Dtypes our kernel lacks (float64): ATen's CPU fused Adam as stream work, on
+  // host views (its own checks run there; float16/bfloat16/float32/float64).
+  bool own_dtypes = true;
+  for (size_t i = 0; i < n; ++i) own_dtypes = own_dtypes && kernelDType(params[i].scalar_type());
+  if (!own_dtypes) {
+    for (size_t i = 0; i < n; ++i) {
+      TORCH_CHECK(at::isFloatingType(params[i].scalar_type()), name, ": unsupported dtype ",
+                  params[i].scalar_type());
+      same_device(steps[i]);
+    }
+    auto views = [](at::TensorList list) {
+      std::vector<cpu_kernel::DeviceView> v;
+      v.reserve(list.size());
+      for (const at::Tensor& t : list) v.push_back(cpu_kernel::capture(t));
+      return v;
+    };
+    auto on_device = [&](const std::optional<at::Tensor>& t) -> std::optional<cpu_kernel::DeviceView> {
+      if (!t.has_value() || !t->defined()) return std::nullopt;
+      checkSameDevice(name, device, *t);
+      return cpu_kernel::capture(t->is_cpu() ? t->to(c10::Device(kAxon, device)) : *t);
+    };
+    int64_t bytes = 0, largest = 0;
+    for (size_t i = 0; i < n; ++i) {
+      bytes += 4 * params[i].nbytes();
+      largest = std::max(largest, params[i].numel());
+    }
+    kselect::launchWithThreadPolicy(
+        device, name, bytes, largest,
+        [p = views(params), g = views(grads), m = views(exp_avgs), v = views(exp_avg_sqs),
+         vmax = views(amsgrad ? max_exp_avg_sqs : at::TensorList()), st = views(steps),
+         lr_t = on_device(lr_tensor.defined() ? std::optional<at::Tensor>(lr_tensor)
+                                              : std::nullopt),
+         scale = on_device(grad_scale), inf = on_device(found_inf), lr, beta1, beta2,
+         weight_decay, eps, amsgrad, maximize, decoupled] {
+          auto host = [](const std::vector<cpu_kernel::DeviceView>& list) {
+            std::vector<at::Tensor> t;
+            t.reserve(list.size());
+            for (const cpu_kernel::DeviceView& d : list) t.push_back(d.view());
+            return t;
+          };
+          auto opt = [](const std::optional<cpu_kernel::DeviceView>& d) {
+            return d.has_value() ? std::optional<at::Tensor>(d->view()) : std::nullopt;
+          };
+          const auto hp = host(p), hg = host(g), hm = host(m), hv = host(v), hvmax = host(vmax),
+                     hst = host(st);
+          if (lr_t.has_value()) {
+            const at::Tensor hlr = lr_t->view();
+            if (decoupled) {
+              at::cpu::_fused_adamw_(hp, hg, hm, hv, hvmax, hst, hlr, beta1, beta2, weight_decay,
+                                     eps, amsgrad, maximize, opt(scale), opt(inf));
+            } else {
+              at::cpu::_fused_adam_(hp, hg, hm, hv, hvmax, hst, hlr, beta1, beta2, weight_decay,
+                                    eps, amsgrad, maximize, opt(scale), opt(inf));
+            }
+          } else if (decoupled) {
+            at::cpu::_fused_adamw_(hp, hg, hm, hv, hvmax, hst, lr, beta1, beta2, weight_decay,
+                                   eps, amsgrad, maximize, opt(scale), opt(inf));
+          } else {
+            at::cpu::_fused_adam_(hp, hg, hm, hv, hvmax, hst, lr, beta1, beta2, weight_decay, eps,
+                                  amsgrad, maximize, opt(scale), opt(inf));
+          }
+        });
+    return;
+  }
   std::vector<Item> items;
   int64_t elements = 0, largest = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -257,10 +322,33 @@ void fused_adam_tensor_lr(at::TensorList params, at::TensorList grads, at::Tenso
                   weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, Decoupled);
 }
 
+// _fused_sgd_.tensor_lr and _fused_adagrad_.tensor_lr run through the fallback
+// (Fallback.h), whose device check takes CPU scalars of 0 dims only; torch.optim
+// passes a CPU lr as the user made it (shape (1,) too), which CUDA's kernels read
+// on the host.  A CPU lr of one element moves to the parameters' device first.
+void fusedTensorLrFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t base = stack->size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name() != "lr") continue;
+    c10::IValue& lr = (*stack)[base + i];
+    const std::vector<at::Tensor> params = (*stack)[base].toTensorList().vec();
+    if (lr.isTensor() && lr.toTensor().is_cpu() && lr.toTensor().numel() == 1 &&
+        !params.empty() && params[0].device().type() == kAxon) {
+      lr = lr.toTensor().to(params[0].device());
+    }
+  }
+  axonFallback(op, stack);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   OpRegistrar reg(m, "optimizer");
+  reg.impl(Path::kSync, "_fused_sgd_.tensor_lr",
+           torch::CppFunction::makeFromBoxedFunction<&fusedTensorLrFallback>());
+  reg.impl(Path::kSync, "_fused_adagrad_.tensor_lr",
+           torch::CppFunction::makeFromBoxedFunction<&fusedTensorLrFallback>());
   reg.impl(Path::kFused, "_fused_adamw_", fused_adam_double_lr<true>);
   reg.impl(Path::kFused, "_fused_adamw_.tensor_lr", fused_adam_tensor_lr<true>);
   reg.impl(Path::kFused, "_fused_adam_", fused_adam_double_lr<false>);
