@@ -5,6 +5,8 @@ one, keeping dtype, device and layout; the efficient zero tensor.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -144,3 +146,24 @@ def test_factory_out_keeps_what_the_cpu_keeps(factory, out_kind, dtype):
     assert (out_a.shape, out_a.stride()) == (out_c.shape, out_c.stride())
     assert_same(out_a, out_c)
     assert_same(base_a, base_c)
+
+
+@pytest.mark.parametrize("fn", ["arange", "fftfreq", "rfftfreq"])
+@pytest.mark.parametrize("out_shape", [(), (0,), (7,), (3, 2)])
+def test_range_out_resize_warns_like_cpu(fn, out_shape):
+    # an out= with elements but the wrong count is resized with the CPU's warning (an
+    # empty one silently); values and shapes match
+    import warnings
+    call = {"arange": lambda out: torch.arange(7, out=out),
+            "fftfreq": lambda out: torch.fft.fftfreq(10, d=0.5, out=out),
+            "rfftfreq": lambda out: torch.fft.rfftfreq(10, d=0.5, out=out)}[fn]
+    results = {}
+    for dev in ("cpu", "axon"):
+        out = torch.empty(out_shape, device=dev)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            call(out)
+        results[dev] = (out.cpu(), sorted(re.sub(r" \(Triggered internally at .*\)$", "",
+                                                 str(x.message)) for x in w))
+    assert results["axon"][1] == results["cpu"][1]
+    torch.testing.assert_close(results["axon"][0], results["cpu"][0], atol=0, rtol=0)

@@ -379,7 +379,15 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
   TORCH_CHECK(size_d >= 0 && size_d <= static_cast<double>(std::numeric_limits<int64_t>::max()),
               "invalid size, possible overflow?");
   const int64_t size = static_cast<int64_t>(size_d);
-  if (out.numel() != size) out.resize_({size});
+  if (out.numel() != size) {
+    if (out.numel() > 0) {  // the CPU's warning (RangeFactories.cpp)
+      TORCH_WARN("The number of elements in the out tensor of shape ", out.sizes(), " is ",
+                 out.numel(), " which does not match the computed number of elements ", size,
+                 ". Note that this may occur as a result of rounding error. "
+                 "The out tensor will be resized to a tensor of shape (", size, ",).");
+    }
+    out.resize_({size});
+  }
   if (size > 0) {
     launchCpuKernel<HostChecks::kMeta>(device, "aten::arange.start_out", &at::cpu::arange_outf,
                                        start, end, step, out);
