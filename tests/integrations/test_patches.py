@@ -16,7 +16,7 @@ import torch
 
 from torch_axon.integrations import (_hooks, hf_accelerate, hf_accelerate_cli, hf_transformers,
                                      safetensors_device, torch_data_parallel, torch_dlpack,
-                                     torch_transformer)
+                                     torch_nested, torch_transformer)
 
 accelerate_state = pytest.importorskip("accelerate.state")
 training_args = pytest.importorskip("transformers.training_args")
@@ -36,7 +36,7 @@ PATCHES = [hf_accelerate.partial_state_default_device, hf_transformers.training_
            hf_accelerate_cli.test_command_axon, safetensors_device.safe_open_axon_device,
            torch_dlpack.tensor_dlpack_device, hf_transformers.pipeline_default_device,
            torch_transformer.transformer_encoder_nested_fast_path,
-           torch_data_parallel.data_parallel_comm]
+           torch_nested.jagged_sdpa_math_path, torch_data_parallel.data_parallel_comm]
 
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate")

@@ -14,8 +14,9 @@ def jagged_sdpa_math_path(ops) -> None:
     """Patch ``torch.nested._internal.ops.jagged_scaled_dot_product_attention`` (the
     function ``F.scaled_dot_product_attention`` reaches for jagged nested tensors).
 
-    Its flash and memory-efficient paths are CUDA's; on any other device it takes its math
-    path, which converts the inputs to nested tensors of the strided layout and runs
+    Its flash and memory-efficient paths accept cuda tensors only
+    (``can_use_flash_attention``, ``can_use_efficient_attention``); on any device but cuda
+    it takes its math path, which converts the inputs to nested tensors of the strided layout and runs
     ``_scaled_dot_product_attention_math`` on them.  Axon has no strided nested tensors,
     so the conversion failed (and ``NestedTensor.__torch_function__`` then retried on the
     fused kernel, which raised a misleading "not implemented" for
