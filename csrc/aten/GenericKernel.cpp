@@ -1,6 +1,7 @@
 #include "GenericKernel.h"
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -30,9 +31,34 @@ namespace {
 
 // ------------------------------------------------------------ op plans
 
+// The Meta kernel's results (after the layout rules) for one argument
+// signature: reused for later calls with that signature, so an op whose Meta
+// kernel is a Python decomposition (addmv, ...) pays for it once per signature.
+struct CachedMeta {
+  torch::jit::Stack meta;                  // functional ops: the results' stand-ins
+  std::vector<c10::IValue> written_meta;   // mutating ops: the written arguments'
+};
+struct MetaCache {
+  static constexpr size_t kMaxEntries = 256;  // per op; cleared when full
+  std::mutex mutex;
+  std::unordered_map<uint64_t, std::shared_ptr<const CachedMeta>> entries;
+
+  std::shared_ptr<const CachedMeta> find(uint64_t key) {
+    std::lock_guard<std::mutex> g(mutex);
+    const auto it = entries.find(key);
+    return it == entries.end() ? nullptr : it->second;
+  }
+  void insert(uint64_t key, std::shared_ptr<const CachedMeta> value) {
+    std::lock_guard<std::mutex> g(mutex);
+    if (entries.size() >= kMaxEntries) entries.clear();
+    entries[key] = std::move(value);
+  }
+};
+
 struct OpPlan {
   enum class Kind { kFunctional, kMutating, kUnsupported };
   Kind kind = Kind::kUnsupported;
+  std::shared_ptr<MetaCache> meta_cache = std::make_shared<MetaCache>();
   std::string name;                    // "aten::add.Tensor", for error messages
   // Mutating ops: for each return, the argument it is (alias set match).
   std::vector<size_t> return_arg;
@@ -525,107 +551,140 @@ void genericStreamKernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   const c10::DeviceIndex device = opDevice(schema, *stack);
   HostWarningScope host_warnings;  // the Meta kernel's warnings, not raised twice
 
-  // Meta stand-ins: errors and result geometry.
+  // The cache key: everything the Meta kernel sees (the arguments' signature:
+  // sizes, strides, dtypes, aliasing, exact scalars) and the default dtype.
+  Signature key(HostChecks::kFull);
+  for (size_t i = 0; i < num_args; ++i) sign(key, (*stack)[begin + i]);
+  key.mix(0x5151 + static_cast<uint64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   torch::jit::Stack meta;
-  meta.reserve(num_args);
-  for (size_t i = 0; i < num_args; ++i) {
-    const c10::IValue& v = (*stack)[begin + i];
-    if (is_generator_arg(schema.arguments()[i]) && v.isGenerator()) {
-      meta.emplace_back();  // Meta kernels draw no numbers
-    } else if (v.isDevice()) {
-      meta.emplace_back(v.toDevice().type() == kAxon ? c10::Device(c10::kMeta) : v.toDevice());
-    } else {
-      meta.push_back(map_tensors(v, meta_like));
-    }
-  }
   std::vector<c10::IValue> written_meta;  // meta stand-ins of mutated args
-  if (plan.kind == OpPlan::Kind::kMutating) {
-    for (size_t i = 0; i < num_args; ++i) {
-      if (plan.written[i]) written_meta.push_back(meta[i]);
-    }
-  }
-  const std::optional<Layout> layout = cpu_layout(schema);
-  torch::jit::Stack meta_args;  // what the Meta kernel consumes, when the layout needs them
-  if (layout.has_value()) meta_args = meta;
-  if (const auto like = without_meta(schema); like.has_value()) {
-    // No Meta kernel: the result is shaped like an argument (or there is none).
-    if (*like >= 0) {
-      const at::Tensor arg = (*stack)[begin + *like].toTensor();
-      meta = {at::detail::empty_strided_meta(arg.sizes(), c10::contiguous_strides(arg.sizes()),
-                                             arg.scalar_type(), std::nullopt,
-                                             c10::Device(c10::kMeta), std::nullopt)};
-    } else {
-      meta.clear();
-    }
+  if (auto hit = plan.meta_cache->find(key.hash)) {
+    meta = hit->meta;
+    written_meta = hit->written_meta;
   } else {
-    try {
-      const MetaForAxon for_axon;
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-    } catch (const c10::NotImplementedError&) {
-      plan.kind = OpPlan::Kind::kUnsupported;  // no Meta kernel: tier 3 from now on
-      return axonFallback(op, stack);
-    } catch (const std::exception&) {
-      // The Meta kernel refuses the arguments, often with another message
-      // (or exception type) than the CPU kernel's: let the CPU kernel, run
-      // synchronously on host views, raise its own error (or, where the CPU
-      // accepts what the Meta kernel refuses, compute the result).
-      return axonFallback(op, stack);
+    // Meta stand-ins: errors and result geometry.
+    meta.reserve(num_args);
+    for (size_t i = 0; i < num_args; ++i) {
+      const c10::IValue& v = (*stack)[begin + i];
+      if (is_generator_arg(schema.arguments()[i]) && v.isGenerator()) {
+        meta.emplace_back();  // Meta kernels draw no numbers
+      } else if (v.isDevice()) {
+        meta.emplace_back(v.toDevice().type() == kAxon ? c10::Device(c10::kMeta) : v.toDevice());
+      } else {
+        meta.push_back(map_tensors(v, meta_like));
+      }
     }
-  }
+    if (plan.kind == OpPlan::Kind::kMutating) {
+      for (size_t i = 0; i < num_args; ++i) {
+        if (plan.written[i]) written_meta.push_back(meta[i]);
+      }
+    }
+    const std::optional<Layout> layout = cpu_layout(schema);
+    torch::jit::Stack meta_args;  // what the Meta kernel consumes, when the layout needs them
+    if (layout.has_value()) meta_args = meta;
+    if (const auto like = without_meta(schema); like.has_value()) {
+      // No Meta kernel: the result is shaped like an argument (or there is none).
+      if (*like >= 0) {
+        const at::Tensor arg = (*stack)[begin + *like].toTensor();
+        meta = {at::detail::empty_strided_meta(arg.sizes(), c10::contiguous_strides(arg.sizes()),
+                                               arg.scalar_type(), std::nullopt,
+                                               c10::Device(c10::kMeta), std::nullopt)};
+      } else {
+        meta.clear();
+      }
+    } else {
+      try {
+        const MetaForAxon for_axon;
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+      } catch (const c10::NotImplementedError&) {
+        plan.kind = OpPlan::Kind::kUnsupported;  // no Meta kernel: tier 3 from now on
+        return axonFallback(op, stack);
+      } catch (const std::exception&) {
+        // The Meta kernel refuses the arguments, often with another message
+        // (or exception type) than the CPU kernel's: let the CPU kernel, run
+        // synchronously on host views, raise its own error (or, where the CPU
+        // accepts what the Meta kernel refuses, compute the result).
+        return axonFallback(op, stack);
+      }
+    }
 
-  if (layout == Layout::kConvolution) {
-    if (plan.kind == OpPlan::Kind::kFunctional) apply_conv_layout(schema, meta_args, meta);
-  } else if (layout == Layout::kPool3dArg0 || layout == Layout::kPool3dArg1) {
-    const size_t arg = layout == Layout::kPool3dArg0 ? 0 : 1;
-    if (plan.kind == OpPlan::Kind::kFunctional && meta_args.size() > arg &&
-        meta_args[arg].isTensor() && meta_args[arg].toTensor().defined()) {
-      const at::Tensor& like = meta_args[arg].toTensor();
-      // The CPU's rule: a batched input's suggested format; an unbatched one
-      // [C, D, H, W] channels_last_3d as [1, C, D, H, W] when that is
-      // channels_last_3d-contiguous (and not contiguous), else contiguous.
-      const bool unbatched = like.dim() == 4;
-      at::MemoryFormat format = like.suggest_memory_format();
-      if (unbatched) {
-        const at::Tensor u = like.unsqueeze(0);
-        format = !u.is_contiguous() && u.is_contiguous(at::MemoryFormat::ChannelsLast3d)
-                     ? at::MemoryFormat::ChannelsLast3d
-                     : at::MemoryFormat::Contiguous;
+    if (layout == Layout::kConvolution) {
+      if (plan.kind == OpPlan::Kind::kFunctional) apply_conv_layout(schema, meta_args, meta);
+    } else if (layout == Layout::kPool3dArg0 || layout == Layout::kPool3dArg1) {
+      const size_t arg = layout == Layout::kPool3dArg0 ? 0 : 1;
+      if (plan.kind == OpPlan::Kind::kFunctional && meta_args.size() > arg &&
+          meta_args[arg].isTensor() && meta_args[arg].toTensor().defined()) {
+        const at::Tensor& like = meta_args[arg].toTensor();
+        // The CPU's rule: a batched input's suggested format; an unbatched one
+        // [C, D, H, W] channels_last_3d as [1, C, D, H, W] when that is
+        // channels_last_3d-contiguous (and not contiguous), else contiguous.
+        const bool unbatched = like.dim() == 4;
+        at::MemoryFormat format = like.suggest_memory_format();
+        if (unbatched) {
+          const at::Tensor u = like.unsqueeze(0);
+          format = !u.is_contiguous() && u.is_contiguous(at::MemoryFormat::ChannelsLast3d)
+                       ? at::MemoryFormat::ChannelsLast3d
+                       : at::MemoryFormat::Contiguous;
+        }
+        for (c10::IValue& r : meta) {
+          if (!r.isTensor() || !r.toTensor().defined()) continue;
+          const at::Tensor& m = r.toTensor();
+          if (m.dim() != like.dim()) continue;
+          std::vector<int64_t> sizes = m.sizes().vec();
+          if (unbatched) sizes.insert(sizes.begin(), 1);
+          std::vector<int64_t> strides = stridesForFormat(sizes, format);
+          if (unbatched) strides.erase(strides.begin());
+          if (m.strides() == IntArrayRef(strides)) continue;
+          r = at::detail::empty_strided_meta(m.sizes(), strides, m.scalar_type(), std::nullopt,
+                                             c10::Device(c10::kMeta), std::nullopt);
+        }
       }
+    } else if (layout == Layout::kFormatOfArg0 || layout == Layout::kFormatOfArg1) {
+      const size_t arg = layout == Layout::kFormatOfArg0 ? 0 : 1;
+      if (plan.kind == OpPlan::Kind::kFunctional && meta.size() == 1 && meta[0].isTensor() &&
+          meta_args.size() > arg && meta_args[arg].isTensor()) {
+        const at::Tensor& like = meta_args[arg].toTensor();
+        const at::Tensor& m = meta[0].toTensor();
+        if (like.defined() && m.defined() && like.dim() == m.dim()) {
+          const std::vector<int64_t> strides = stridesForFormat(m.sizes(), like.suggest_memory_format());
+          if (m.strides() != IntArrayRef(strides)) {
+            meta[0] = at::detail::empty_strided_meta(m.sizes(), strides, m.scalar_type(),
+                                                     std::nullopt, c10::Device(c10::kMeta),
+                                                     std::nullopt);
+          }
+        }
+      }
+    } else if (layout.has_value() && plan.kind == OpPlan::Kind::kFunctional &&
+        (meta.size() == 1 || *layout == Layout::kContiguous)) {
       for (c10::IValue& r : meta) {
-        if (!r.isTensor() || !r.toTensor().defined()) continue;
-        const at::Tensor& m = r.toTensor();
-        if (m.dim() != like.dim()) continue;
-        std::vector<int64_t> sizes = m.sizes().vec();
-        if (unbatched) sizes.insert(sizes.begin(), 1);
-        std::vector<int64_t> strides = stridesForFormat(sizes, format);
-        if (unbatched) strides.erase(strides.begin());
-        if (m.strides() == IntArrayRef(strides)) continue;
-        r = at::detail::empty_strided_meta(m.sizes(), strides, m.scalar_type(), std::nullopt,
-                                           c10::Device(c10::kMeta), std::nullopt);
+        if (!r.isTensor()) continue;
+        at::Tensor result = r.toTensor();
+        apply_cpu_layout(*layout, meta_args, result);
+        r = result;
       }
     }
-  } else if (layout == Layout::kFormatOfArg0 || layout == Layout::kFormatOfArg1) {
-    const size_t arg = layout == Layout::kFormatOfArg0 ? 0 : 1;
-    if (plan.kind == OpPlan::Kind::kFunctional && meta.size() == 1 && meta[0].isTensor() &&
-        meta_args.size() > arg && meta_args[arg].isTensor()) {
-      const at::Tensor& like = meta_args[arg].toTensor();
-      const at::Tensor& m = meta[0].toTensor();
-      if (like.defined() && m.defined() && like.dim() == m.dim()) {
-        const std::vector<int64_t> strides = stridesForFormat(m.sizes(), like.suggest_memory_format());
-        if (m.strides() != IntArrayRef(strides)) {
-          meta[0] = at::detail::empty_strided_meta(m.sizes(), strides, m.scalar_type(),
-                                                   std::nullopt, c10::Device(c10::kMeta),
-                                                   std::nullopt);
+    // Cached unless the Meta kernel warned (a cached call would not warn again)
+    // or resized an out= argument (its resize warning is per call).
+    bool cacheable = !host_warnings.any();
+    if (cacheable && plan.kind == OpPlan::Kind::kMutating) {
+      size_t w = 0;
+      for (size_t i = 0; i < num_args && cacheable; ++i) {
+        if (!plan.written[i]) continue;
+        const c10::IValue& m = written_meta[w++];
+        const c10::IValue& d = (*stack)[begin + i];
+        if (m.isTensor() && d.isTensor()) {
+          cacheable = !m.toTensor().defined() || !d.toTensor().defined() ||
+                      m.toTensor().sizes() == d.toTensor().sizes();
+        } else if (!m.isNone()) {
+          cacheable = false;  // (tensor lists: not worth the bookkeeping)
         }
       }
     }
-  } else if (layout.has_value() && plan.kind == OpPlan::Kind::kFunctional &&
-      (meta.size() == 1 || *layout == Layout::kContiguous)) {
-    for (c10::IValue& r : meta) {
-      if (!r.isTensor()) continue;
-      at::Tensor result = r.toTensor();
-      apply_cpu_layout(*layout, meta_args, result);
-      r = result;
+    if (cacheable) {
+      auto entry = std::make_shared<CachedMeta>();
+      entry->meta = meta;
+      entry->written_meta = written_meta;
+      plan.meta_cache->insert(key.hash, std::move(entry));
     }
   }
   if (plan.kind == OpPlan::Kind::kMutating && !schema.name().empty() &&

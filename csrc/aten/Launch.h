@@ -94,6 +94,7 @@ class HostWarningScope final : public c10::WarningHandler {
   HostWarningScope& operator=(const HostWarningScope&) = delete;
   void process(const c10::Warning& warning) override;
   bool raised(const std::string& message) const;
+  bool any() const { return !messages_.empty(); }  // raised on this scope
   static HostWarningScope* current();
 
  private:

@@ -386,3 +386,28 @@ def test_conj_physical_inplace_on_complex():
             want = view(x.clone()).conj_physical_()
             got = view(x.to("axon")).conj_physical_()
             assert_same(got, want)
+
+
+@pytest.mark.parametrize("repeat", [3])
+def test_repeated_calls_warn_and_compute_like_the_first(repeat):
+    # the generic kernel reuses a Meta kernel's results for a repeated argument signature
+    # (addmv's Meta kernel is a Python decomposition): every call still computes its own
+    # values, and an out= resize still warns on every call, as on the CPU
+    import warnings
+    w, x, b = (make(s, torch.float32, seed=i) for i, s in enumerate([(3, 4), (4,), (3,)]))
+    for i in range(repeat):
+        xi = x * (i + 1)
+        got = torch.addmv(b.axon(), w.axon(), xi.axon())
+        assert_same(got, torch.addmv(b, w, xi))
+        caught = {}
+        for dev in ("cpu", "axon"):
+            out = torch.empty(5, device=dev)
+            with warnings.catch_warnings(record=True) as rec:
+                warnings.simplefilter("always")
+                torch.addmv(b.to(dev), w.to(dev), xi.to(dev), out=out)
+            caught[dev] = [str(r.message).split(" (Triggered")[0] for r in rec]
+            assert out.shape == (3,)
+        # (the texts differ: axon's comes from the Python Meta kernel's resize_output)
+        for dev in ("cpu", "axon"):
+            assert len(caught[dev]) == 1, caught
+            assert caught[dev][0].startswith("An output with one or more elements was resized")
