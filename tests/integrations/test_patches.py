@@ -36,7 +36,8 @@ PATCHES = [hf_accelerate.partial_state_default_device, hf_transformers.training_
            hf_accelerate_cli.test_command_axon, safetensors_device.safe_open_axon_device,
            torch_dlpack.tensor_dlpack_device, hf_transformers.pipeline_default_device,
            torch_transformer.transformer_encoder_nested_fast_path,
-           torch_nested.jagged_sdpa_math_path, torch_data_parallel.data_parallel_comm]
+           torch_nested.jagged_sdpa_math_path, torch_data_parallel.data_parallel_comm,
+           hf_transformers.cache_offloading_default_stream]
 
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate")
@@ -311,3 +312,19 @@ def test_pipeline_default_device_is_axon(device, start, expect):
     gen = dict(max_new_tokens=6, do_sample=False)
     want = pipeline("text-generation", model=ref, tokenizer=_char_tokenizer(), device="cpu")
     assert pipe("hello", **gen)[0]["generated_text"] == want("hello", **gen)[0]["generated_text"]
+
+
+def test_offloaded_cache_generates_like_the_cpu():
+    # cache_implementation="offloaded" ordered its prefetch stream with
+    # torch.cuda.default_stream(device): "Torch not compiled with CUDA enabled" on axon
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                      num_key_value_heads=2, intermediate_size=37)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(1, 99, (2, 7))
+    expected = model.generate(ids, max_new_tokens=8, do_sample=False)
+    model.to("axon")
+    got = model.generate(ids.to("axon"), max_new_tokens=8, do_sample=False,
+                         cache_implementation="offloaded")
+    assert got.cpu().tolist() == expected.tolist()

@@ -235,3 +235,36 @@ def pipeline_default_device(pipelines_base) -> None:
     __init__._axon_patch = True
     cls.__init__ = __init__
 
+
+
+@on_import("transformers.cache_utils")
+def cache_offloading_default_stream(cache_utils) -> None:
+    """Patch ``transformers.cache_utils.torch`` (the module's name for torch).
+
+    An offloading cache (``cache_implementation="offloaded"``, ``Cache(offloading=True)``)
+    prefetches layers on a ``torch.Stream`` of the current accelerator, but orders it with
+    ``torch.cuda.default_stream(key_states.device)``: cuda only ("Torch not compiled with
+    CUDA enabled" on axon; xpu and npu devices meet the same call).  The module gets a
+    view of torch whose ``cuda.default_stream`` returns ``torch.axon.default_stream`` for
+    an axon device and is torch's own for anything else; every other name is torch's.
+    """
+    current = cache_utils.__dict__.get("torch")
+    if getattr(current, "_axon_patch", False) or current is not torch:
+        return
+    import types
+
+    def default_stream(device=None):
+        if device is not None and torch.device(device).type == "axon":
+            return torch.axon.default_stream(device)
+        return torch.cuda.default_stream(device)
+
+    cuda = types.ModuleType("torch.cuda")
+    cuda.__dict__.update(torch.cuda.__dict__)
+    cuda.__getattr__ = lambda name: getattr(torch.cuda, name)
+    cuda.default_stream = default_stream
+    view = types.ModuleType("torch")
+    view.__dict__.update(torch.__dict__)
+    view.__getattr__ = lambda name: getattr(torch, name)  # names torch gains later
+    view.cuda = cuda
+    view._axon_patch = True
+    cache_utils.torch = view
