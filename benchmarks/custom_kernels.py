@@ -241,26 +241,14 @@ def jit_times() -> tuple[float, float, float]:
     return c_total, c_compile, w_total
 
 
-OVERHEAD_SOURCE = r"""
-#include <axon/kernel.h>
-using namespace axon::kernel;
-AXON_KERNEL(scale) {  // out = alpha * x, float32, contiguous
-  View<float> x = as<float>(args->tensors[0]), out = as<float>(args->tensors[1]);
-  const Vec a = Vec::broadcast(float(args->floats[0]));
-  parallel_for(ctx, 0, x.numel(), 1 << 14, [&](int64_t b, int64_t e) {
-    int64_t i = b;
-    for (; i + Vec::kLanes <= e; i += Vec::kLanes) (Vec::load(x.data() + i) * a).store(out.data() + i);
-    if (i < e) (Vec::load_partial(x.data() + i, e - i) * a).store_partial(out.data() + i, e - i);
-  });
-}
-"""
 
 
 def call_overhead(args) -> list:
     """Host time per call of one small kernel (1024 float32 elements, out = 2 * x) through
     each way of calling it, and ATen's x * 2 for reference."""
     import torch_axon.kernel as K
-    lib = K.load("bench_call_overhead", source=OVERHEAD_SOURCE)
+    # examples/kernel_api/scale.cpp (docs/kernels.md's quick start): out = alpha * x
+    lib = K.load("bench_call_overhead", sources=[REPO / "examples" / "kernel_api" / "scale.cpp"])
     native = lib.op("axon_bench::scale_native(Tensor x, float alpha) -> Tensor", kernel="scale")
 
     @torch.library.custom_op("axon_bench::scale_custom", mutates_args=(), device_types="axon")
