@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from torch_axon.integrations import (_hooks, hf_accelerate, hf_accelerate_cli, hf_transformers,
+from torch_axon.integrations import (_hooks, hf_accelerate, hf_accelerate_cli, hf_peft,
+                                     hf_transformers,
                                      safetensors_device, torch_data_parallel, torch_dlpack,
                                      torch_nested, torch_transformer)
 
@@ -37,7 +38,7 @@ PATCHES = [hf_accelerate.partial_state_default_device, hf_transformers.training_
            torch_dlpack.tensor_dlpack_device, hf_transformers.pipeline_default_device,
            torch_transformer.transformer_encoder_nested_fast_path,
            torch_nested.jagged_sdpa_math_path, torch_data_parallel.data_parallel_comm,
-           hf_transformers.cache_offloading_default_stream]
+           hf_transformers.cache_offloading_default_stream, hf_peft.infer_device_axon]
 
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate")
@@ -328,3 +329,29 @@ def test_offloaded_cache_generates_like_the_cpu():
     got = model.generate(ids.to("axon"), max_new_tokens=8, do_sample=False,
                          cache_implementation="offloaded")
     assert got.cpu().tolist() == expected.tolist()
+
+
+def test_peft_adapter_with_modules_to_save_loads_onto_axon(tmp_path):
+    # low_cpu_mem_usage=True assigned the checkpoint's tensors as loaded: PEFT mapped them to
+    # infer_device(), "cpu" on axon, so a sequence-classification head stayed on the CPU
+    pytest.importorskip("peft")
+    from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, num_labels=3, pad_token_id=0)
+    torch.manual_seed(0)
+    state = LlamaForSequenceClassification(cfg).state_dict()
+
+    def base():
+        m = LlamaForSequenceClassification(cfg)
+        m.load_state_dict(state)
+        return m
+
+    lora = LoraConfig(task_type=TaskType.SEQ_CLS, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(base(), lora).save_pretrained(tmp_path)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    expected = PeftModel.from_pretrained(base(), tmp_path).eval()(input_ids=ids).logits
+    model = PeftModel.from_pretrained(base().to("axon"), tmp_path, low_cpu_mem_usage=True).eval()
+    assert {p.device.type for p in model.parameters()} == {"axon"}
+    got = model(input_ids=ids.to("axon")).logits
+    torch.testing.assert_close(got.cpu(), expected.detach(), rtol=1e-4, atol=1e-5)
