@@ -37,7 +37,6 @@ A row with a non-unit column stride is gathered into scratch memory first.
 
 from __future__ import annotations
 
-import builtins
 import hashlib
 import re
 from typing import Callable
@@ -438,6 +437,3 @@ def kernel(schema: str) -> Callable[[Callable], TileOp]:
 
     return wrap
 
-
-# keep the builtins reachable for readers of this module (sum/max/min/abs are shadowed)
-_builtins = builtins

@@ -48,6 +48,7 @@
 #include "KernelSelect.h"
 #include "CustomKernel.h"
 #include "Launch.h"
+#include "OpDevice.h"
 #include "Registry.h"
 #include "../core/AxonRuntime.h"
 
@@ -218,14 +219,6 @@ uint64_t numberClass(double v) {
   return (std::isnan(v) ? 1 : 0) | (std::isinf(v) ? 2 : 0) | (v < 0 ? 4 : 0) | (v == 0 ? 8 : 0);
 }
 
-// The first axon device among `tensors`, or -1.
-c10::DeviceIndex firstAxonDevice(at::TensorList tensors) {
-  for (const at::Tensor& t : tensors) {
-    if (t.defined() && t.device().type() == kAxon) return t.device().index();
-  }
-  return -1;
-}
-
 // Checks tensor i of a launch and describes it to the kernel (data NULL when
 // `with_data` is false: a shape function's view).  An undefined tensor (a native
 // op's optional argument given None) is AXON_NONE when `allow_none`.
@@ -311,7 +304,7 @@ void launchKernel(int64_t fn, c10::string_view name_view, at::TensorList tensors
   TORCH_CHECK(!tensors.empty(), "axon kernel '", name,
               "': expected at least one axon tensor among the arguments");
   // The device: the first axon tensor's; every tensor must be on it.
-  const c10::DeviceIndex device = firstAxonDevice(tensors);
+  const c10::DeviceIndex device = firstAxonDevice(at::ITensorListRef(tensors));
   TORCH_CHECK(device >= 0, "axon kernel '", name, "': expected axon tensors, but got tensors on ",
               tensors[0].device());
   launchOn(reinterpret_cast<AxonKernelFn>(static_cast<uintptr_t>(fn)), internName(name), device,
@@ -456,7 +449,7 @@ class NativeOpKernel final : public c10::OperatorKernel {
     TORCH_CHECK(first != nullptr, "axon native op '", st.name, "': every tensor argument is None");
     c10::Device device = first->device();
     if (!meta_) {
-      const c10::DeviceIndex axon = firstAxonDevice(tensors);
+      const c10::DeviceIndex axon = firstAxonDevice(at::ITensorListRef(at::TensorList(tensors)));
       if (axon >= 0) device = c10::Device(kAxon, axon);
     }
     const std::string name(st.name);

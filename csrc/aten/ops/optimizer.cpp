@@ -4,6 +4,7 @@
 //     against ATen's CPU fused kernels by trials (KernelSelect.h);
 //   generic stream kernel: the _amp_* ops.
 #include <algorithm>
+#include <functional>
 
 #include <ATen/Tensor.h>
 #include <ATen/ops/_fused_adam_cpu_dispatch.h>
@@ -57,6 +58,64 @@ bool sameMemoryOrder(const at::Tensor& t, const at::Tensor& p) {
     if (t.size(d) != 1 && t.stride(d) != p.stride(d)) return false;
   }
   return true;
+}
+
+// ATen's CPU fused Adam/AdamW as stream work on host views of the lists: the
+// `library` side of the selection, and the whole step for dtypes our kernel
+// lacks (float64).  `lr_t`, `scale`, `inf`: device tensors (or none).
+std::function<void()> atenFusedAdam(at::TensorList params, at::TensorList grads,
+                                    at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                                    at::TensorList max_exp_avg_sqs, at::TensorList steps,
+                                    double lr, const at::Tensor& lr_t,
+                                    const std::optional<at::Tensor>& scale,
+                                    const std::optional<at::Tensor>& inf, double beta1,
+                                    double beta2, double weight_decay, double eps, bool amsgrad,
+                                    bool maximize, bool decoupled) {
+  using cpu_kernel::DeviceView;
+  auto views = [](at::TensorList list) {
+    std::vector<DeviceView> v;
+    v.reserve(list.size());
+    for (const at::Tensor& t : list) v.push_back(cpu_kernel::capture(t));
+    return v;
+  };
+  auto one = [](const std::optional<at::Tensor>& t) -> std::optional<DeviceView> {
+    if (!t.has_value() || !t->defined()) return std::nullopt;
+    return cpu_kernel::capture(*t);
+  };
+  return [p = views(params), g = views(grads), m = views(exp_avgs), v = views(exp_avg_sqs),
+          vmax = views(amsgrad ? max_exp_avg_sqs : at::TensorList()), st = views(steps),
+          lr_v = one(lr_t.defined() ? std::optional<at::Tensor>(lr_t) : std::nullopt),
+          scale_v = one(scale), inf_v = one(inf), lr, beta1, beta2, weight_decay, eps, amsgrad,
+          maximize, decoupled] {
+    auto host = [](const std::vector<DeviceView>& list) {
+      std::vector<at::Tensor> t;
+      t.reserve(list.size());
+      for (const DeviceView& d : list) t.push_back(d.view());
+      return t;
+    };
+    auto opt = [](const std::optional<DeviceView>& d) {
+      return d.has_value() ? std::optional<at::Tensor>(d->view()) : std::nullopt;
+    };
+    const auto hp = host(p), hg = host(g), hm = host(m), hv = host(v), hvmax = host(vmax),
+               hst = host(st);
+    const auto hs = opt(scale_v), hi = opt(inf_v);
+    if (lr_v.has_value()) {
+      const at::Tensor hlr = lr_v->view();
+      if (decoupled) {
+        at::cpu::_fused_adamw_(hp, hg, hm, hv, hvmax, hst, hlr, beta1, beta2, weight_decay, eps,
+                               amsgrad, maximize, hs, hi);
+      } else {
+        at::cpu::_fused_adam_(hp, hg, hm, hv, hvmax, hst, hlr, beta1, beta2, weight_decay, eps,
+                              amsgrad, maximize, hs, hi);
+      }
+    } else if (decoupled) {
+      at::cpu::_fused_adamw_(hp, hg, hm, hv, hvmax, hst, lr, beta1, beta2, weight_decay, eps,
+                             amsgrad, maximize, hs, hi);
+    } else {
+      at::cpu::_fused_adam_(hp, hg, hm, hv, hvmax, hst, lr, beta1, beta2, weight_decay, eps,
+                            amsgrad, maximize, hs, hi);
+    }
+  };
 }
 
 void fused_adam_impl(const char* name, at::TensorList params, at::TensorList grads,
@@ -154,58 +213,24 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
                   params[i].scalar_type());
       same_device(steps[i]);
     }
-    auto views = [](at::TensorList list) {
-      std::vector<cpu_kernel::DeviceView> v;
-      v.reserve(list.size());
-      for (const at::Tensor& t : list) v.push_back(cpu_kernel::capture(t));
-      return v;
-    };
-    auto on_device = [&](const std::optional<at::Tensor>& t) -> std::optional<cpu_kernel::DeviceView> {
+    auto on_device = [&](const std::optional<at::Tensor>& t) -> std::optional<at::Tensor> {
       if (!t.has_value() || !t->defined()) return std::nullopt;
       checkSameDevice(name, device, *t);
-      return cpu_kernel::capture(t->is_cpu() ? t->to(c10::Device(kAxon, device)) : *t);
+      return t->is_cpu() ? t->to(c10::Device(kAxon, device)) : *t;
     };
     int64_t bytes = 0, largest = 0;
     for (size_t i = 0; i < n; ++i) {
       bytes += 4 * params[i].nbytes();
       largest = std::max(largest, params[i].numel());
     }
+    const std::optional<at::Tensor> lr_dev =
+        on_device(lr_tensor.defined() ? std::optional<at::Tensor>(lr_tensor) : std::nullopt);
     kselect::launchWithThreadPolicy(
         device, name, bytes, largest,
-        [p = views(params), g = views(grads), m = views(exp_avgs), v = views(exp_avg_sqs),
-         vmax = views(amsgrad ? max_exp_avg_sqs : at::TensorList()), st = views(steps),
-         lr_t = on_device(lr_tensor.defined() ? std::optional<at::Tensor>(lr_tensor)
-                                              : std::nullopt),
-         scale = on_device(grad_scale), inf = on_device(found_inf), lr, beta1, beta2,
-         weight_decay, eps, amsgrad, maximize, decoupled] {
-          auto host = [](const std::vector<cpu_kernel::DeviceView>& list) {
-            std::vector<at::Tensor> t;
-            t.reserve(list.size());
-            for (const cpu_kernel::DeviceView& d : list) t.push_back(d.view());
-            return t;
-          };
-          auto opt = [](const std::optional<cpu_kernel::DeviceView>& d) {
-            return d.has_value() ? std::optional<at::Tensor>(d->view()) : std::nullopt;
-          };
-          const auto hp = host(p), hg = host(g), hm = host(m), hv = host(v), hvmax = host(vmax),
-                     hst = host(st);
-          if (lr_t.has_value()) {
-            const at::Tensor hlr = lr_t->view();
-            if (decoupled) {
-              at::cpu::_fused_adamw_(hp, hg, hm, hv, hvmax, hst, hlr, beta1, beta2, weight_decay,
-                                     eps, amsgrad, maximize, opt(scale), opt(inf));
-            } else {
-              at::cpu::_fused_adam_(hp, hg, hm, hv, hvmax, hst, hlr, beta1, beta2, weight_decay,
-                                    eps, amsgrad, maximize, opt(scale), opt(inf));
-            }
-          } else if (decoupled) {
-            at::cpu::_fused_adamw_(hp, hg, hm, hv, hvmax, hst, lr, beta1, beta2, weight_decay,
-                                   eps, amsgrad, maximize, opt(scale), opt(inf));
-          } else {
-            at::cpu::_fused_adam_(hp, hg, hm, hv, hvmax, hst, lr, beta1, beta2, weight_decay, eps,
-                                  amsgrad, maximize, opt(scale), opt(inf));
-          }
-        });
+        atenFusedAdam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr,
+                      lr_dev.has_value() ? *lr_dev : at::Tensor(), on_device(grad_scale),
+                      on_device(found_inf), beta1, beta2, weight_decay, eps, amsgrad, maximize,
+                      decoupled));
     return;
   }
   std::vector<Item> items;
@@ -266,31 +291,9 @@ void fused_adam_impl(const char* name, at::TensorList params, at::TensorList gra
                                             {elements, static_cast<int64_t>(n)},
                                             amsgrad ? kselect::kAmsgrad : 0);
   kselect::launchSelectedInPlace(device, name, key, own, [&] {
-    auto views = [](at::TensorList list) {
-      std::vector<cpu_kernel::DeviceView> v;
-      v.reserve(list.size());
-      for (const at::Tensor& t : list) v.push_back(cpu_kernel::capture(t));
-      return v;
-    };
-    auto host = [](const std::vector<cpu_kernel::DeviceView>& v) {
-      std::vector<at::Tensor> t;
-      t.reserve(v.size());
-      for (const cpu_kernel::DeviceView& d : v) t.push_back(d.view());
-      return t;
-    };
-    return [p = views(params), g = views(grads), m = views(exp_avgs), v = views(exp_avg_sqs),
-            vmax = views(amsgrad ? max_exp_avg_sqs : at::TensorList()), st = views(steps), host,
-            lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled] {
-      const auto hp = host(p), hg = host(g), hm = host(m), hv = host(v), hvmax = host(vmax),
-                 hst = host(st);
-      if (decoupled) {
-        at::cpu::_fused_adamw_(hp, hg, hm, hv, hvmax, hst, lr, beta1, beta2, weight_decay, eps,
-                               amsgrad, maximize, std::nullopt, std::nullopt);
-      } else {
-        at::cpu::_fused_adam_(hp, hg, hm, hv, hvmax, hst, lr, beta1, beta2, weight_decay, eps,
-                              amsgrad, maximize, std::nullopt, std::nullopt);
-      }
-    };
+    return atenFusedAdam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr,
+                         at::Tensor(), std::nullopt, std::nullopt, beta1, beta2, weight_decay,
+                         eps, amsgrad, maximize, decoupled);
   });
 }
 
