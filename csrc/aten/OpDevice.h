@@ -13,9 +13,12 @@
 
 #include <initializer_list>
 #include <optional>
+#include <type_traits>
+#include <vector>
 
 #include <ATen/Tensor.h>
 #include <ATen/core/IListRef.h>
+#include <ATen/core/List.h>
 #include <ATen/core/function_schema.h>
 #include <ATen/core/stack.h>
 #include <c10/core/Device.h>
@@ -38,6 +41,17 @@ c10::DeviceIndex opDevice(const char* op, const at::Tensor& main,
 // on the op's device.
 c10::DeviceIndex opDevice(const c10::FunctionSchema& schema, const torch::jit::Stack& stack);
 
+namespace op_device_detail {
+// Types that hold tensors but are neither a tensor, an optional tensor nor a
+// list convertible to ITensorListRef / ArrayRef<optional<Tensor>>: the
+// argument walkers below refuse them at compile time.
+template <typename T>
+inline constexpr bool holdsTensors =
+    std::is_same_v<T, at::TensorBase> || std::is_same_v<T, c10::List<at::Tensor>> ||
+    std::is_same_v<T, std::vector<std::optional<at::Tensor>>> ||
+    std::is_same_v<T, at::IOptTensorListRef>;
+}  // namespace op_device_detail
+
 // Raises PyTorch's error unless t is on axon:`device` (CPU 0-dim tensors
 // excepted, as everywhere in PyTorch), or "expected an axon tensor among the
 // arguments" when no device was found (device < 0).  Undefined tensors pass;
@@ -52,8 +66,29 @@ inline void checkSameDevice(const char* op, c10::DeviceIndex device,
                             const at::ITensorListRef& list) {
   for (const at::Tensor& t : list) checkSameDevice(op, device, t);
 }
+// Index lists (aten::index, index_put_): CPU index tensors are allowed on an
+// axon tensor, and an axon index on a CPU tensor gets PyTorch's "indices
+// should be either on cpu or on the same device" from the op's meta function;
+// neither walker takes them.
+inline void checkSameDevice(const char*, c10::DeviceIndex,
+                            const c10::List<std::optional<at::Tensor>>&) {}
+// Everything else: tensor lists in any spelling (TensorList, std::vector,
+// c10::List) are checked element by element; non-tensor arguments are
+// ignored.  A tensor-holding type this cannot see is a compile error rather
+// than an argument silently left unchecked.
 template <typename T>
-void checkSameDevice(const char*, c10::DeviceIndex, const T&) {}
+void checkSameDevice(const char* op, c10::DeviceIndex device, const T& v) {
+  if constexpr (std::is_convertible_v<const T&, at::ITensorListRef>) {
+    checkSameDevice(op, device, at::ITensorListRef(v));
+  } else if constexpr (std::is_convertible_v<const T&, at::ArrayRef<std::optional<at::Tensor>>>) {
+    for (const std::optional<at::Tensor>& t : at::ArrayRef<std::optional<at::Tensor>>(v)) {
+      checkSameDevice(op, device, t);
+    }
+  } else {
+    static_assert(!op_device_detail::holdsTensors<T>,
+                  "checkSameDevice: unhandled tensor-holding argument type");
+  }
+}
 
 // The device of the first axon tensor among the arguments (-1 if none), for
 // kernels whose arguments have no main tensor; check them with
@@ -70,8 +105,17 @@ inline void first(c10::DeviceIndex& d, const std::optional<at::Tensor>& t) {
 inline void first(c10::DeviceIndex& d, const at::ITensorListRef& list) {
   for (const at::Tensor& t : list) first(d, t);
 }
+inline void first(c10::DeviceIndex&, const c10::List<std::optional<at::Tensor>>&) {}
 template <typename T>
-void first(c10::DeviceIndex&, const T&) {}
+void first(c10::DeviceIndex& d, const T& v) {
+  if constexpr (std::is_convertible_v<const T&, at::ITensorListRef>) {
+    first(d, at::ITensorListRef(v));
+  } else if constexpr (std::is_convertible_v<const T&, at::ArrayRef<std::optional<at::Tensor>>>) {
+    for (const std::optional<at::Tensor>& t : at::ArrayRef<std::optional<at::Tensor>>(v)) first(d, t);
+  } else {
+    static_assert(!holdsTensors<T>, "firstAxonDevice: unhandled tensor-holding argument type");
+  }
+}
 }  // namespace op_device_detail
 
 template <typename... A>

@@ -28,6 +28,14 @@ MIXED_OPS = {
     "linear": lambda a, c: torch.nn.functional.linear(a, c),
     "layer_norm": lambda a, c: torch.nn.functional.layer_norm(a, (3,), c[0]),
     "softmax_backward": lambda a, c: torch.ops.aten._softmax_backward_data(c, a, 1, torch.float32),
+    # Tensor lists, the mixed tensor not first (kernels walk every list).
+    "stack": lambda a, c: torch.stack([a, a, c]),
+    "cat_out": lambda a, c: torch.cat([a, a], out=c),
+    "foreach_add": lambda a, c: torch._foreach_add([a, a], [a, c]),
+    "foreach_mul_": lambda a, c: torch._foreach_mul_([a, a], [a, c]),
+    "foreach_addcmul_": lambda a, c: torch._foreach_addcmul_([a], [a], [c]),
+    "index_put_values": lambda a, c: a.index_put_((torch.tensor([0], device=a.device),), c[0]),
+    "einsum": lambda a, c: torch.einsum("ij,jk->ik", a, c),
     "adamw_fused": lambda a, c: torch._fused_adamw_(
         [a], [c], [a.clone()], [a.clone()], [], [torch.ones((), device="axon")], lr=0.1,
         beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False),
@@ -50,13 +58,30 @@ def test_cpu_and_axon_tensors_in_one_op(op):
     assert "axon:0" in str(e.value) and "cpu" in str(e.value)
 
 
-@pytest.mark.parametrize("op", ["add", "mm", "cat", "where", "linear"])
+@pytest.mark.parametrize("op", ["add", "mm", "cat", "where", "linear", "stack", "cat_out",
+                                "foreach_add", "foreach_addcmul_", "index_put_values"])
 def test_two_axon_devices_in_one_op(op):
     a = torch.ones(3, 3, device="axon:0")
     b = torch.ones(3, 3, device="axon:1")
     with pytest.raises(RuntimeError, match=SAME_DEVICE) as e:
         MIXED_OPS[op](a, b)
     assert "axon:0" in str(e.value) and "axon:1" in str(e.value)
+
+
+@pytest.mark.parametrize("other", ["cpu", "axon:1"])
+def test_foreach_over_tensors_on_several_devices_works_per_tensor(other):
+    # As CUDA's foreach slow path: an op that pairs no tensors across devices
+    # runs tensor by tensor, each result on its input's device.
+    xs = [make((3, 4), torch.float32), make((5,), torch.float32)]
+    ys = [xs[0].to("axon"), xs[1].to(other)]
+    got = torch._foreach_add(ys, [1.5, -2.0])
+    assert [t.device for t in got] == [t.device for t in ys]
+    for g, w in zip(got, torch._foreach_add(xs, [1.5, -2.0])):
+        torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0)
+    got = torch._foreach_norm(ys)
+    assert [t.device for t in got] == [t.device for t in ys]
+    for g, w in zip(got, torch._foreach_norm(xs)):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-6, atol=0)
 
 
 def test_cpu_scalar_tensors_mix_with_axon():
