@@ -1,4 +1,4 @@
-"""Diffusers' tensor parallelism (``TensorParallelConfig``) on 2 axon ranks.
+"""Diffusers' tensor and context parallelism on 2 axon ranks.
 
 Diffusers shards a transformer's ``_tp_plan`` with ``parallelize_module``
 (DTensor, ``ColwiseParallel``/``RowwiseParallel`` and its packed variants), from
@@ -21,7 +21,10 @@ inputs drawn from a CPU generator seeded alike on every rank):
   TensorParallelConfig(tp_degree=2))`` (Diffusers builds the mesh from the
   current accelerator, axon), in float32 and bfloat16;
 - a tiny ``QwenImageTransformer2DModel`` with ``TensorParallelConfig(tp_degree=2)``;
-- a mesh of an unsupported device type (cpu), which still raises upstream's error.
+- a mesh of an unsupported device type (cpu), which still raises upstream's error;
+- context parallelism (``ContextParallelConfig``, ring and Ulysses) with the
+  ``"_native_flash"`` attention backend, which calls
+  ``aten::_scaled_dot_product_flash_attention`` for the logsumexp.
 
 Tolerances: TP computes each block's float32 sums in two halves added by an
 all-reduce, so outputs agree with the unsharded model on the CPU within the
@@ -164,6 +167,18 @@ def _tp_rank(rank, world_size, flux_path):
     out["flux_compiled"] = (y.cpu(), y2.cpu(), str(y.device))
     out["compile_stats"] = dict(counters["stats"])
     out["graph_breaks"] = sum(counters["graph_break"].values())
+
+    # 6. Context parallelism: ring attention with the "_native_flash" backend
+    # (aten::_scaled_dot_product_flash_attention for its logsumexp), and Ulysses.
+    from diffusers import ContextParallelConfig
+
+    for degree in ("ring_degree", "ulysses_degree"):
+        cp = flux_model().to("axon")
+        cp.set_attention_backend("_native_flash")
+        cp.enable_parallelism(config=ContextParallelConfig(**{degree: world_size}))
+        with torch.no_grad():
+            y = cp(**flux_inputs("axon"), return_dict=False)[0]  # (CP gathers tuples)
+        out[f"cp_{degree}"] = (y.cpu(), str(y.device))
     return ship(out)
 
 
@@ -224,6 +239,17 @@ def test_qwen_image_tp_matches_cpu(tp_run):
         y, device = r["qwen"]
         assert device == f"axon:{rank}"
         torch.testing.assert_close(y, ref["qwen"], **F32)
+
+
+@pytest.mark.parametrize("degree", ["ring_degree", "ulysses_degree"])
+def test_flux_context_parallel_matches_cpu(tp_run, degree):
+    """ContextParallelConfig with the "_native_flash" attention backend: ring
+    attention merges the ranks' partial attentions by their logsumexp."""
+    ref, results = tp_run
+    for rank, r in enumerate(results):
+        y, device = r[f"cp_{degree}"]
+        assert device == f"axon:{rank}"
+        torch.testing.assert_close(y, ref[torch.float32], **F32)
 
 
 def test_flux_tp_compiled_blocks_match_cpu(tp_run):

@@ -110,11 +110,15 @@ def sdpa_inputs(case, dtype):
             mask = (torch.rand(shape, generator=g) * 4 - 2).to(mask_dtype)
         inputs.append(mask)
 
-    def fn(q, k, v, mask=None):
+    def apply_views(q, k, v):
         q, k, v = (view(t) for view, t in zip(views, (q, k, v)))
         if layout != "bhld" and q.numel() > 0:
             assert not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+        return q, k, v
+
+    def fn(q, k, v, mask=None):
+        return F.scaled_dot_product_attention(*apply_views(q, k, v), attn_mask=mask, **kw)
+    fn.apply_views = apply_views
     return fn, inputs
 
 
@@ -520,3 +524,137 @@ def test_sdpa_on_jagged_nested_tensors_keeps_upstream_errors():
     nt = torch.nested.as_nested_tensor(parts, layout=torch.jagged).transpose(1, 2)
     with pytest.raises(ValueError, match="Masks are not yet supported"):
         F.scaled_dot_product_attention(nt, nt, nt, attn_mask=torch.ones(2, 2, device="axon"))
+
+
+# ------------------------------------------- CUDA's backend ops, called directly
+#
+# torch.distributed's context parallelism and Diffusers' ring attention call
+# aten::_scaled_dot_product_flash_attention / _efficient_attention themselves
+# (they need the logsumexp).  Reference: the CPU's math SDPA for the output and
+# gradients, the float32 logsumexp of the scaled, masked scores.
+
+FLASH_CASES = ["plain", "causal", "q_shorter", "q_longer_causal", "gqa", "noncontig",
+               "noncontig_gqa_causal", "head_dim_64", "scale", "tiles", "kv_cache_slice",
+               "expanded_kv", "strided_head_dim", "zero_batch"]
+EFFICIENT_CASES = FLASH_CASES + ["dv_differs", "bool_mask_4d", "additive_mask_2d",
+                                 "additive_mask_b1ls", "bool_mask_full_row", "float32_mask"]
+
+
+def backend_op_call(kind, case, dtype):
+    """(op on axon leaves -> (out, lse), reference on CPU leaves -> (out, lse),
+    CPU leaves) for a SDPA_CASES case."""
+    fn, inputs = sdpa_inputs(case, dtype)
+    (_, _, _, _, _, D, _), kw = SDPA_CASES[case]
+    causal, scale = kw.get("is_causal", False), kw.get("scale")
+    viewed = fn.apply_views
+    mask = inputs[3] if len(inputs) == 4 else None
+
+    def on_axon(q, k, v):
+        q, k, v = viewed(q, k, v)
+        m = None if mask is None else mask.to("axon")
+        if m is not None and m.dtype == torch.bool:  # as SDPA converts it
+            m = torch.zeros(m.shape, dtype=q.dtype, device="axon").masked_fill(~m, float("-inf"))
+        if kind == "flash":
+            r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal,
+                                                                   scale=scale)
+            return r[0], r[1]
+        r = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, m, True, 0.0, causal,
+                                                                   scale=scale)
+        return r[0], r[1][..., :q.shape[2]]
+
+    def reference(q, k, v):
+        q, k, v = viewed(q, k, v)
+        gqa = q.shape[1] != k.shape[1]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                             scale=scale, enable_gqa=gqa)
+        kr = k.detach().float().repeat_interleave(q.shape[1] // max(k.shape[1], 1), 1)
+        s = q.detach().float() @ kr.transpose(-1, -2) * (scale or 1 / math.sqrt(D))
+        if causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.float()
+        return out, torch.logsumexp(s, -1)
+    return on_axon, reference, inputs[:3]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kind,case", [("flash", c) for c in FLASH_CASES] +
+                         [("efficient", c) for c in EFFICIENT_CASES])
+def test_flash_and_efficient_attention_ops_match_cpu(kind, case, dtype, no_fallback):
+    on_axon, reference, inputs = backend_op_call(kind, case, dtype)
+    q, k, v = (leaf(t, "axon") for t in inputs)
+    qc, kc, vc = (leaf(t, "cpu") for t in inputs)
+    out, lse = on_axon(q, k, v)
+    out_c, lse_c = reference(qc, kc, vc)
+    assert_same(out, out_c, dtype=dtype, accum=True)
+    assert lse.dtype == torch.float32
+    torch.testing.assert_close(lse.cpu(), lse_c, rtol=1e-4, atol=1e-4)
+    grad = make(out_c.shape, dtype, -1, 1, seed=9)
+    grads = torch.autograd.grad(out, (q, k, v), grad.to("axon"))
+    grads_c = torch.autograd.grad(out_c, (qc, kc, vc), grad)
+    for g, gc in zip(grads, grads_c):
+        assert_same(g, gc, dtype=dtype, accum=True)
+
+
+def test_flash_and_efficient_attention_ops_strides_match_the_meta_kernel():
+    """Outputs, logsumexp and gradients laid out as the ops' Meta kernels say
+    (flash: like the query; memory-efficient: [B, L, H, D] memory order and a
+    logsumexp padded to 32), so compiled graphs calling them agree."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    t = make((2, 5, 4, 8), torch.float32, seed=6)
+    q, k, v = (t.transpose(1, 2).to("axon"), t.reshape(2, 4, 5, 8).to("axon"),
+               t.reshape(2, 4, 5, 8).to("axon"))
+    flash = torch.ops.aten._scaled_dot_product_flash_attention
+    eff = torch.ops.aten._scaled_dot_product_efficient_attention
+    calls = {"flash": lambda q, k, v: flash(q, k, v, 0.0, True),
+             "efficient": lambda q, k, v: eff(q, k, v, None, True, 0.0, True),
+             "efficient_no_lse": lambda q, k, v: eff(q, k, v, None, False, 0.0, False)}
+    for name, call in calls.items():
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        real = call(*leaves)
+        grads = torch.autograd.grad(real[0].sum(), leaves)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fl = [mode.from_tensor(x).detach().requires_grad_() for x in (q, k, v)]
+            fake = call(*fl)
+            fake_grads = torch.autograd.grad(fake[0].sum(), fl)
+        for r, f in zip(real[:2], fake[:2]):
+            assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype), name
+        for g, f in zip(grads, fake_grads):
+            assert g.stride() == f.stride(), name
+    assert eff(q, k, v, None, True)[1].shape == (2, 4, 32)
+    assert eff(q, k, v, None, False)[1].shape == (2, 4, 0)
+
+
+def test_flash_attention_op_in_a_compiled_function_matches_eager():
+    q, k, v = (make((1, 2, 6, 8), torch.float32, seed=s).to("axon") for s in (1, 2, 3))
+
+    def f(q, k, v):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[:2]
+        return out * 2, lse + 1
+
+    got = torch.compile(f, backend="inductor", fullgraph=True)(q, k, v)
+    for a, b in zip(got, f(q, k, v)):
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-6, atol=1e-6)
+
+
+def test_flash_and_efficient_attention_ops_raise_clear_errors():
+    q = torch.ones(1, 2, 3, 8, device="axon")
+    flash = torch.ops.aten._scaled_dot_product_flash_attention
+    eff = torch.ops.aten._scaled_dot_product_efficient_attention
+    with pytest.raises(RuntimeError, match="same head_dim"):
+        flash(q, q, torch.ones(1, 2, 3, 4, device="axon"))
+    with pytest.raises(RuntimeError, match="must divide the number of query heads"):
+        flash(q, torch.ones(1, 3, 3, 8, device="axon"), torch.ones(1, 3, 3, 8, device="axon"))
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or float16"):
+        flash(q.double(), q.double(), q.double())
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        eff(q, q.cpu(), q, None, True)
+    with pytest.raises(NotImplementedError, match="return_debug_mask"):
+        flash(q, q, q, 0.0, False, True)
+    # a mask requiring its gradient: the kernel does not compute it
+    bias = torch.zeros(1, 2, 3, 3, device="axon", requires_grad=True)
+    leaves = [q.clone().requires_grad_() for _ in range(3)]
+    out = eff(*leaves, bias, True)[0]
+    with pytest.raises(NotImplementedError, match="gradient of the mask"):
+        out.sum().backward()

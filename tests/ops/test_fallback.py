@@ -99,3 +99,24 @@ def test_fallback_keeps_a_kernels_conjugate_bit():
         # and it solves X A = B (X A^H = B): checked without lu_solve
         lhs = got.cpu() @ (A.mH if adjoint else A)
         torch.testing.assert_close(lhs.resolve_conj(), B, rtol=1e-4, atol=1e-4)
+
+
+def test_op_without_a_cpu_kernel_raises_naming_axon():
+    """CUDA-only ops (no CPU kernel for the fallback to run) raise the
+    dispatcher's NotImplementedError naming axon and the op, not the CPU
+    backend (the arguments are axon tensors); nothing runs, the device keeps
+    working."""
+    import pytest
+
+    x = make((4, 5), torch.float32).to("axon")
+    calls = {
+        "aten::_fused_dropout": lambda: torch.ops.aten._fused_dropout(x, 0.5),
+        "aten::cudnn_convolution": lambda: torch.ops.aten.cudnn_convolution(
+            x[None, None], x[None, None, :2, :2], [0, 0], [1, 1], [1, 1], 1, False, False, False),
+    }
+    for name, call in calls.items():
+        assert not torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, "CPU")
+        with pytest.raises(NotImplementedError,
+                           match=f"Could not run '{name}' with arguments from the 'axon' backend"):
+            call()
+    assert_same(x * 2, make((4, 5), torch.float32) * 2)

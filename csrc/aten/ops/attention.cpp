@@ -225,19 +225,28 @@ at::Tensor flash_lse(const at::Tensor& lse, bool masked) {
   return masked ? lse.masked_fill(lse.isneginf(), 0.0) : lse;
 }
 
-SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const std::optional<at::Tensor>& mask_opt, double dropout_p,
-                         bool is_causal, bool /*return_debug_mask*/,
-                         std::optional<double> scale) {
-  const at::Tensor mask = mask_opt.value_or(at::Tensor());
-  const auto device = opDevice("aten::_scaled_dot_product_fused_attention_overrideable",
-                                     q, {&k, &v, &mask});
+// How a forward allocates its output (the op's Meta kernel decides the
+// layout): like the query (overrideable, flash) or [B, L, H, Dv] memory order
+// (memory-efficient).
+enum class OutLayout { kLikeQuery, kSeqMajor };
+
+at::Tensor seq_major(c10::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceIndex device) {
+  const int64_t H = sizes[1], L = sizes[2], D = sizes[3];
+  return emptyDevice(sizes, {L * H * D, D, H * D, 1}, dtype, device);
+}
+
+SdpaOutputs sdpa_forward_impl(const char* name, OutLayout layout, const at::Tensor& q,
+                              const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                              double dropout_p, bool is_causal, std::optional<double> scale) {
+  const auto device = opDevice(name, q, {&k, &v, &mask});
   const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
   const int64_t S = k.size(2), Dv = v.size(3);
   // The output follows the query's layout, as the Meta kernel says (for
   // Hugging Face's [B, L, H, D]-ordered queries: [B, L, H, Dv] memory order,
   // so the transpose(1, 2) before the output projection is already contiguous).
-  at::Tensor out = like_query(q, {B, Hq, L, Dv}, device);
+  at::Tensor out = layout == OutLayout::kLikeQuery
+                       ? like_query(q, {B, Hq, L, Dv}, device)
+                       : seq_major({B, Hq, L, Dv}, q.scalar_type(), device);
   at::Tensor lse = emptyDevice({B, Hq, L}, at::kFloat, device);
   // The dropout's counter range.  Eagerly it is known now and travels to the
   // backward in CPU scalars; while a graph captures, each replay fills a slot
@@ -264,7 +273,6 @@ SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (out.numel() > 0) {
     const k::AttentionShape shape = attention_shape(q, k, v);
     k::AttentionParams params{sc, is_causal, dropout_p, seed, offset};
-    const char* name = "aten::_scaled_dot_product_fused_attention_overrideable";
     auto own = [&] {
       return [=, dt = *kernelDType(q.scalar_type()), m = attention_mask(mask, shape),
               qp = q.const_data_ptr(), kp = k.const_data_ptr(), vp = v.const_data_ptr(),
@@ -308,23 +316,49 @@ SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
           philox_offset, at::Tensor()};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& mask, std::array<bool, 4> grad_mask, const at::Tensor& out,
-    const at::Tensor& lse, const at::Tensor& /*cum_seq_q*/, const at::Tensor& /*cum_seq_k*/,
-    int64_t /*max_q*/, int64_t /*max_k*/, double dropout_p, bool is_causal,
+SdpaOutputs sdpa_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double dropout_p,
+                         bool is_causal, bool /*return_debug_mask*/,
+                         std::optional<double> scale) {
+  return sdpa_forward_impl("aten::_scaled_dot_product_fused_attention_overrideable",
+                           OutLayout::kLikeQuery, q, k, v, mask.value_or(at::Tensor()),
+                           dropout_p, is_causal, scale);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward_impl(
+    const char* name, OutLayout layout, const at::Tensor& grad_out, const at::Tensor& q,
+    const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, bool mask_grad,
+    const at::Tensor& out, const at::Tensor& lse_arg, double dropout_p, bool is_causal,
     const at::Tensor& philox_seed, const at::Tensor& philox_offset,
     std::optional<double> scale) {
-  const auto device = opDevice(
-      "aten::_scaled_dot_product_fused_attention_overrideable_backward", q,
-      {&grad_out, &k, &v, &mask, &out, &lse});
-  TORCH_CHECK(!grad_mask[3] || !mask.defined(),
-              "axon: the fused attention kernel does not compute the mask's gradient");
-  const int64_t D = q.size(3);
-  // Gradients laid out like their inputs (empty_like, as the Meta kernel).
-  at::Tensor dq = like_query(q, q.sizes(), device);
-  at::Tensor dk = like_query(k, k.sizes(), device);
-  at::Tensor dv = like_query(v, v.sizes(), device);
+  const auto device = opDevice(name, q, {&grad_out, &k, &v, &mask, &out, &lse_arg});
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !mask_grad || !mask.defined(), name,
+      ": axon's attention kernel does not compute the gradient of the mask (attn_bias); "
+      "detach it, or use the math backend (torch.nn.attention.sdpa_kernel(SDPBackend.MATH))");
+  const int64_t D = q.size(3), L = q.size(2);
+  TORCH_CHECK(lse_arg.dim() == 3 && lse_arg.size(0) == q.size(0) && lse_arg.size(1) == q.size(1) &&
+                  (lse_arg.size(2) >= L || lse_arg.size(2) == 0) &&
+                  lse_arg.scalar_type() == at::kFloat,
+              name, ": expected a float32 logsumexp of shape [", q.size(0), ", ", q.size(1), ", ", L,
+              "] (or padded past ", L, "), got ", lse_arg.sizes(), " ", lse_arg.scalar_type());
+  // The kernel reads the logsumexp as a dense [B, H, L] array (the
+  // memory-efficient op pads its last dimension).  The memory-efficient
+  // forward without compute_log_sumexp returned none: recompute it (it does
+  // not depend on the dropout, so no random numbers are drawn).
+  const at::Tensor lse =
+      lse_arg.size(2) == 0 && L > 0
+          ? std::get<1>(sdpa_forward_impl(name, layout, q, k, v, mask, 0.0, is_causal, scale))
+          : lse_arg.narrow(2, 0, L).contiguous();
+  // Gradients laid out like their inputs (empty_like, as the Meta kernel), or
+  // in [B, L, H, D] memory order (memory-efficient).
+  auto grad_like = [&](const at::Tensor& t) {
+    return layout == OutLayout::kLikeQuery ? like_query(t, t.sizes(), device)
+                                           : seq_major(t.sizes(), t.scalar_type(), device);
+  };
+  at::Tensor dq = grad_like(q);
+  at::Tensor dk = grad_like(k);
+  at::Tensor dv = grad_like(v);
   // Device scalars (the forward ran in a graph) are read when the kernel runs.
   const bool rng_on_device = dropout_p > 0 && philox_seed.defined() && !philox_seed.is_cpu();
   const uint64_t seed = philox_seed.defined() && !rng_on_device ? philox_seed.item<int64_t>() : 0;
@@ -338,7 +372,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   if (dq.numel() + dk.numel() + dv.numel() > 0) {
     const k::AttentionShape shape = attention_shape(q, k, v);
     k::AttentionParams params{sc, is_causal, dropout_p, seed, offset};
-    const char* name = "aten::_scaled_dot_product_fused_attention_overrideable_backward";
     auto own = [&] {
       return [=, dt = *kernelDType(q.scalar_type()), m = attention_mask(mask, shape),
               gp = dout.const_data_ptr(), qp = q.const_data_ptr(), kp = k.const_data_ptr(),
@@ -384,6 +417,109 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   return {dq, dk, dv, at::Tensor()};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& mask, std::array<bool, 4> grad_mask, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& /*cum_seq_q*/, const at::Tensor& /*cum_seq_k*/,
+    int64_t /*max_q*/, int64_t /*max_k*/, double dropout_p, bool is_causal,
+    const at::Tensor& philox_seed, const at::Tensor& philox_offset,
+    std::optional<double> scale) {
+  return sdpa_backward_impl("aten::_scaled_dot_product_fused_attention_overrideable_backward",
+                            OutLayout::kLikeQuery, grad_out, q, k, v, mask, grad_mask[3], out, lse,
+                            dropout_p, is_causal, philox_seed, philox_offset, scale);
+}
+
+// ---- CUDA's backend ops, called directly by libraries that want the
+// logsumexp (ring attention: torch.distributed's context parallelism,
+// Diffusers' "_native_flash" / "_native_efficient" backends), on the same
+// kernel.  SDPA itself chooses the overrideable op above.
+
+// Arguments the kernel takes: 4-D query, key and value of one float dtype,
+// matching batch and head sizes (grouped-query heads allowed: key/value heads
+// dividing the query's), key and value of one length.
+void check_attention_args(const char* name, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, bool same_head_dim) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, name,
+              ": expected 4-D query, key and value ([batch, heads, seq, head_dim]), got ",
+              q.dim(), "-D, ", k.dim(), "-D and ", v.dim(), "-D");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), name,
+              ": expected query, key and value to have the same dtype, got ", q.scalar_type(),
+              ", ", k.scalar_type(), " and ", v.scalar_type());
+  TORCH_CHECK(kernelDType(q.scalar_type()).has_value(), name,
+              ": axon's attention kernel takes float32, bfloat16 or float16, got ",
+              q.scalar_type());
+  TORCH_CHECK(q.size(0) == k.size(0) && k.size(0) == v.size(0) && k.size(1) == v.size(1) &&
+                  k.size(2) == v.size(2) && q.size(3) == k.size(3),
+              name, ": query ", q.sizes(), ", key ", k.sizes(), " and value ", v.sizes(),
+              " do not match (batch, key/value heads and length, query/key head_dim)");
+  TORCH_CHECK(k.size(1) > 0 ? q.size(1) % k.size(1) == 0 : q.size(1) == 0, name,
+              ": the number of key/value heads (", k.size(1),
+              ") must divide the number of query heads (", q.size(1), ")");
+  TORCH_CHECK(!same_head_dim || v.size(3) == q.size(3), name,
+              ": expected query, key and value to have the same head_dim, got ", q.size(3),
+              " and ", v.size(3), " (value)");
+}
+
+SdpaOutputs flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          double dropout_p, bool is_causal, bool return_debug_mask,
+                          std::optional<double> scale) {
+  const char* name = "aten::_scaled_dot_product_flash_attention";
+  check_attention_args(name, q, k, v, /*same_head_dim=*/true);
+  TORCH_CHECK_NOT_IMPLEMENTED(!return_debug_mask, name,
+                              ": return_debug_mask=True is not supported on axon");
+  auto r = sdpa_forward_impl(name, OutLayout::kLikeQuery, q, k, v, at::Tensor(), dropout_p,
+                             is_causal, scale);
+  std::get<8>(r) = emptyDevice({0}, q.scalar_type(), q.device().index());
+  return r;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& /*cum_seq_q*/,
+    const at::Tensor& /*cum_seq_k*/, int64_t /*max_q*/, int64_t /*max_k*/, double dropout_p,
+    bool is_causal, const at::Tensor& philox_seed, const at::Tensor& philox_offset,
+    std::optional<double> scale) {
+  const char* name = "aten::_scaled_dot_product_flash_attention_backward";
+  check_attention_args(name, q, k, v, /*same_head_dim=*/true);
+  auto [dq, dk, dv, unused] =
+      sdpa_backward_impl(name, OutLayout::kLikeQuery, grad_out, q, k, v, at::Tensor(), false, out,
+                         lse, dropout_p, is_causal, philox_seed, philox_offset, scale);
+  return {dq, dk, dv};
+}
+
+// The memory-efficient op's logsumexp has its last dimension padded to a
+// multiple of 32 (CUDA's layout, which its Meta kernel states), or is empty
+// without compute_log_sumexp.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& bias, bool compute_log_sumexp, double dropout_p,
+    bool is_causal, std::optional<double> scale) {
+  const char* name = "aten::_scaled_dot_product_efficient_attention";
+  check_attention_args(name, q, k, v, /*same_head_dim=*/false);
+  const at::Tensor mask = bias.value_or(at::Tensor());
+  auto r = sdpa_forward_impl(name, OutLayout::kSeqMajor, q, k, v, mask, dropout_p, is_causal,
+                             scale);
+  const int64_t L = q.size(2);
+  const int64_t padded = compute_log_sumexp ? (L + 31) / 32 * 32 : 0;
+  at::Tensor lse = emptyDevice({q.size(0), q.size(1), padded}, at::kFloat, q.device().index());
+  if (compute_log_sumexp && lse.numel() > 0) {
+    lse.narrow(2, L, padded - L).fill_(0.0);
+    lse.narrow(2, 0, L).copy_(std::get<1>(r));
+  }
+  return {std::get<0>(r), lse, std::get<6>(r), std::get<7>(r)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& bias, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& philox_seed, const at::Tensor& philox_offset, double dropout_p,
+    std::array<bool, 4> grad_mask, bool is_causal, std::optional<double> scale) {
+  const char* name = "aten::_scaled_dot_product_efficient_attention_backward";
+  check_attention_args(name, q, k, v, /*same_head_dim=*/false);
+  return sdpa_backward_impl(name, OutLayout::kSeqMajor, grad_out, q, k, v, bias, grad_mask[3], out,
+                            lse, dropout_p, is_causal, philox_seed, philox_offset, scale);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -391,6 +527,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   reg.impl(Path::kFused, "_scaled_dot_product_fused_attention_overrideable", sdpa_forward);
   reg.impl(Path::kFused, "_scaled_dot_product_fused_attention_overrideable_backward",
            sdpa_backward);
+  reg.impl(Path::kFused, "_scaled_dot_product_flash_attention", flash_forward);
+  reg.impl(Path::kFused, "_scaled_dot_product_flash_attention_backward", flash_backward);
+  reg.impl(Path::kFused, "_scaled_dot_product_efficient_attention", efficient_forward);
+  reg.impl(Path::kFused, "_scaled_dot_product_efficient_attention_backward", efficient_backward);
 }
 
 }  // namespace at::axon
