@@ -149,10 +149,18 @@ def test_rms_norm_module_and_fused_op(dtype, no_fallback):
                                atol=1e-3)
 
 
-def test_rms_norm_float64_like_cpu():
-    x = make((3, 8), torch.float64, seed=1)
-    w = make((8,), torch.float64, 0.5, 1.5, seed=2)
-    compare_fwd_bwd(lambda x, w: F.rms_norm(x, (8,), w), [x, w], torch.float64)
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("shape,ns", [((3, 8), (8,)), ((3, 8), (3, 8)), ((2, 3, 8), (2, 3, 8)),
+                                      ((6,), (6,)), ((2, 3, 8), (3, 8))],
+                         ids=["rows", "whole_2d", "whole_3d", "whole_1d", "two_dims"])
+def test_norms_float64_like_cpu(op, shape, ns):
+    """float64 (ATen's ops as stream work, not the kernel), normalized over
+    the last dims or over the whole input (no row dimensions left)."""
+    x = make(shape, torch.float64, seed=1)
+    w = make(ns, torch.float64, 0.5, 1.5, seed=2)
+    fn = {"rms_norm": lambda x, w: F.rms_norm(x, ns, w),
+          "layer_norm": lambda x, w: F.layer_norm(x, ns, w, w * 0.5)}[op]
+    compare_fwd_bwd(fn, [x, w], torch.float64)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -356,7 +356,11 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
                         dx->copy_(r * (g - xhat * (g * xhat).mean(dims, true)));
                       }
                       if (dw.has_value() && dw->defined()) {
-                        dw->copy_((dy * xhat).sum(rows_dims).reshape(dw->sizes()));
+                        // (no row dimensions: normalized over the whole input,
+                        // where sum over an empty dim list would sum everything)
+                        const at::Tensor prod = dy * xhat;
+                        dw->copy_((rows_dims.empty() ? prod : prod.sum(rows_dims))
+                                      .reshape(dw->sizes()));
                       }
                     },
                     grad_out, input, rstd, weight_opt, std::optional<at::Tensor>(dx),
