@@ -22,6 +22,6 @@ def install() -> None:
     """Register every patch, then start watching imports (idempotent)."""
     from . import (hf_accelerate, hf_accelerate_cli, hf_diffusers, hf_distributed,  # noqa: F401
                    hf_kernels, hf_peft, hf_transformers, safetensors_device, torch_autocast, torch_compile,
-                   torch_data_parallel, torch_dlpack, torch_flex_attention, torch_meta,
+                   torch_data_parallel, torch_dlpack, torch_dtensor, torch_flex_attention, torch_meta,
                    torch_multiprocessing, torch_nested, torch_transformer)
     _hooks.install()

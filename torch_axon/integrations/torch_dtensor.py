@@ -1,0 +1,107 @@
+"""DTensor: scaled-dot-product attention on sharded axon tensors.
+
+``F.scaled_dot_product_attention`` on DTensors dispatches the op SDPA chose to
+DTensor's sharding propagation, which has strategies for CUDA's backend ops
+(``_scaled_dot_product_flash_attention``, ``_efficient_attention``,
+``_cudnn_attention``: ``torch/distributed/tensor/_ops/_matrix_ops.py``) but not
+for ``_scaled_dot_product_fused_attention_overrideable``, the op every
+PrivateUse1 backend's SDPA runs: "Operator aten._scaled_dot_product_fused_
+attention_overrideable.default does not have a sharding strategy registered".
+The strategies below are upstream's for the other attention ops: everything
+replicated, heads sharded (tensor parallelism), or batch sharded, with the
+mask (``attn_bias``) following where it has that dimension.
+"""
+
+from __future__ import annotations
+
+from ._hooks import on_import
+
+
+def _mask_placement(strategy, dim: str, shard):
+    """The mask's placement when q/k/v are sharded on `dim` ("heads" or
+    "batch"): sharded on its own dimension of that name if it has one of size
+    > 1 (masks broadcast from the right: [B, H, L, S], [H, L, S], [L, S]),
+    else replicated."""
+    from torch.distributed.tensor.placement_types import Replicate
+
+    shape = strategy.shape
+    index = {"heads": len(shape) - 3, "batch": len(shape) - 4}[dim]
+    if index >= 0 and shape[index] > 1:
+        return shard(index)
+    return Replicate()
+
+
+@on_import("torch.distributed.tensor._ops._matrix_ops")
+def overrideable_attention_sharding(_matrix_ops) -> None:
+    """Patch ``torch.distributed.tensor._ops._matrix_ops.register_op_strategy`` registrations:
+    add strategies for ``aten._scaled_dot_product_fused_attention_overrideable`` and its
+    backward.
+
+    Upstream registers SDPA sharding strategies only for the ops of its own
+    backends (cuda's flash / efficient / cudnn attention, and the cpu flash op
+    has none either), so SDPA on DTensors fails for every PrivateUse1 device;
+    axon's SDPA runs the overrideable op.  The generic upstream fix: register
+    the same strategies for the overrideable op, whose outputs are the cudnn
+    op's and whose backward takes the mask like the efficient op's.
+    """
+    import torch
+    from torch.distributed.tensor._api import DTensor
+    from torch.distributed.tensor._op_schema import OpStrategy, RuntimeSchemaInfo
+    from torch.distributed.tensor._ops.utils import (
+        expand_to_full_mesh_op_strategy, register_op_strategy)
+    from torch.distributed.tensor.placement_types import Replicate, Shard
+
+    aten = torch.ops.aten
+    fwd = aten._scaled_dot_product_fused_attention_overrideable.default
+    bwd = aten._scaled_dot_product_fused_attention_overrideable_backward.default
+    if fwd in DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs:
+        return  # upstream has one now (or this ran before)
+
+    def forward_strategy(op_schema):
+        # (query, key, value, attn_bias?, dropout_p, is_causal, return_debug_mask, scale)
+        # (trailing defaults are not in args_schema)
+        args = op_schema.args_schema
+        bias = args[3] if len(args) > 3 else None
+        has_bias = isinstance(bias, OpStrategy)
+        strategies = []
+        for shard, dim in ((None, None), (Shard(1), "heads"), (Shard(0), "batch")):
+            p = shard if shard is not None else Replicate()
+            # out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed,
+            # philox_offset (CPU scalars), debug_attn_mask (undefined)
+            row = [p, p, None, None, None, None, None, None, None, p, p, p]
+            if has_bias:
+                row.append(Replicate() if dim is None else _mask_placement(bias, dim, Shard))
+            strategies.append(row)
+        return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema,
+                                               strategies, input_index=9)
+
+    def backward_strategy(op_schema):
+        # (grad_out, query, key, value, attn_bias?, grad_input_mask, out, logsumexp,
+        #  cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed,
+        #  philox_offset, scale): outputs grad_q, grad_k, grad_v, grad_attn_bias
+        args = op_schema.args_schema
+        bias = args[4] if len(args) > 4 else None
+        has_bias = isinstance(bias, OpStrategy)
+        strategies = []
+        for shard, dim in ((None, None), (Shard(1), "heads"), (Shard(0), "batch")):
+            p = shard if shard is not None else Replicate()
+            mask = None
+            if has_bias:
+                mask = Replicate() if dim is None else _mask_placement(bias, dim, Shard)
+            row = [p, p, p, mask if has_bias else None]
+            for i, arg in enumerate(args):
+                if not isinstance(arg, OpStrategy):
+                    continue
+                if i in (0, 1, 2, 3, 6, 7):  # grad_out, q, k, v, out, logsumexp
+                    row.append(p)
+                elif i == 4:
+                    row.append(mask)
+                else:  # cum_seq_*, philox scalars
+                    row.append(Replicate())
+            strategies.append(row)
+        return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema,
+                                               strategies, input_index=4)
+
+    register_op_strategy(fwd, schema_info=RuntimeSchemaInfo(4))(forward_strategy)
+    register_op_strategy(bwd)(backward_strategy)
+    forward_strategy._axon_patch = backward_strategy._axon_patch = True
