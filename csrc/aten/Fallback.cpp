@@ -146,14 +146,6 @@ class Fallback {
   void run(const c10::OperatorHandle& op) {
     const size_t num_args = schema_.arguments().size();
     const size_t begin = stack_->size() - num_args;
-    // An op with no CPU kernel either (CUDA-only ones: _cudnn_rnn,
-    // _flash_attention_forward, ...): the dispatcher's error would name the
-    // CPU backend, although the arguments are axon tensors.
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU), "Could not run '",
-        op_name(schema_), "' with arguments from the 'axon' backend. axon has no kernel for it, "
-        "and neither has the CPU, whose kernel axon runs for ops without one of their own (it "
-        "is an operator of another backend, e.g. CUDA-only).");
     device_ = opDevice(schema_, *stack_);
     check_no_quantized_dtype(schema_, *stack_);
     c10::DeviceGuard guard(c10::Device(kAxon, device_));
@@ -318,6 +310,15 @@ class Fallback {
 }  // namespace
 
 void axonFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // An op with no CPU kernel either (CUDA-only ones: _cudnn_rnn,
+  // _flash_attention_forward, ...): the dispatcher's error would name the
+  // CPU backend, although the arguments are axon tensors.  Before counting:
+  // nothing falls back.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU), "Could not run '",
+      op_name(op.schema()), "' with arguments from the 'axon' backend. axon has no kernel for "
+      "it, and neither has the CPU, whose kernel axon runs for ops without one of their own "
+      "(it is an operator of another backend, e.g. CUDA-only).");
   count(op.schema());
   Fallback(op, stack).run(op);
 }

@@ -537,10 +537,12 @@ FLASH_CASES = ["plain", "causal", "q_shorter", "q_longer_causal", "gqa", "noncon
                "noncontig_gqa_causal", "head_dim_64", "scale", "tiles", "kv_cache_slice",
                "expanded_kv", "strided_head_dim", "zero_batch"]
 EFFICIENT_CASES = FLASH_CASES + ["dv_differs", "bool_mask_4d", "additive_mask_2d",
-                                 "additive_mask_b1ls", "bool_mask_full_row", "float32_mask"]
+                                 "additive_mask_b1ls", "bool_mask_full_row", "float32_mask",
+                                 "zero_kv_len"]
+MASKED_CASES = ["bool_mask_4d", "additive_mask_b1ls", "bool_mask_full_row"]
 
 
-def backend_op_call(kind, case, dtype):
+def backend_op_call(kind, case, dtype, compute_log_sumexp=True):
     """(op on axon leaves -> (out, lse), reference on CPU leaves -> (out, lse),
     CPU leaves) for a SDPA_CASES case."""
     fn, inputs = sdpa_inputs(case, dtype)
@@ -558,8 +560,8 @@ def backend_op_call(kind, case, dtype):
             r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal,
                                                                    scale=scale)
             return r[0], r[1]
-        r = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, m, True, 0.0, causal,
-                                                                   scale=scale)
+        r = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, m, compute_log_sumexp, 0.0, causal, scale=scale)
         return r[0], r[1][..., :q.shape[2]]
 
     def reference(q, k, v):
@@ -581,19 +583,43 @@ def backend_op_call(kind, case, dtype):
 @pytest.mark.parametrize("kind,case", [("flash", c) for c in FLASH_CASES] +
                          [("efficient", c) for c in EFFICIENT_CASES])
 def test_flash_and_efficient_attention_ops_match_cpu(kind, case, dtype, no_fallback):
-    on_axon, reference, inputs = backend_op_call(kind, case, dtype)
+    check_backend_op(kind, case, dtype)
+
+
+def check_backend_op(kind, case, dtype, compute_log_sumexp=True):
+    on_axon, reference, inputs = backend_op_call(kind, case, dtype, compute_log_sumexp)
     q, k, v = (leaf(t, "axon") for t in inputs)
     qc, kc, vc = (leaf(t, "cpu") for t in inputs)
     out, lse = on_axon(q, k, v)
     out_c, lse_c = reference(qc, kc, vc)
     assert_same(out, out_c, dtype=dtype, accum=True)
     assert lse.dtype == torch.float32
-    torch.testing.assert_close(lse.cpu(), lse_c, rtol=1e-4, atol=1e-4)
+    if compute_log_sumexp:  # (-inf for a row that sees no key, as the reference)
+        torch.testing.assert_close(lse.cpu(), lse_c, rtol=1e-4, atol=1e-4)
+    else:
+        assert lse.numel() == 0
     grad = make(out_c.shape, dtype, -1, 1, seed=9)
     grads = torch.autograd.grad(out, (q, k, v), grad.to("axon"))
     grads_c = torch.autograd.grad(out_c, (qc, kc, vc), grad)
     for g, gc in zip(grads, grads_c):
         assert_same(g, gc, dtype=dtype, accum=True)
+
+
+@pytest.mark.parametrize("mode", ["own", "library"])
+@pytest.mark.parametrize("case", MASKED_CASES)
+def test_efficient_attention_op_logsumexp_with_either_kernel_selection(
+        case, mode, kernel_select_isolated, no_fallback):
+    """The logsumexp goes to the caller (ring attention merges partial results by
+    it): -inf for a row that sees no key whichever kernel the selection prefers."""
+    torch.ops.axon._set_kernel_select(mode)
+    check_backend_op("efficient", case, torch.float32)
+
+
+@pytest.mark.parametrize("case", ["causal", "additive_mask_b1ls", "gqa"])
+def test_efficient_attention_op_without_logsumexp_backward(case, no_fallback):
+    """compute_log_sumexp=False returns an empty logsumexp; the backward
+    recomputes it."""
+    check_backend_op("efficient", case, torch.float32, compute_log_sumexp=False)
 
 
 def test_flash_and_efficient_attention_ops_strides_match_the_meta_kernel():
@@ -620,21 +646,38 @@ def test_flash_and_efficient_attention_ops_strides_match_the_meta_kernel():
             fake_grads = torch.autograd.grad(fake[0].sum(), fl)
         for r, f in zip(real[:2], fake[:2]):
             assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype), name
+        # the random-number state (flash: rng_state [seed, offset] and unused, uint64)
+        seeds = (6, 7) if name == "flash" else (2, 3)
+        for i in seeds:
+            assert (real[i].shape, real[i].dtype) == (fake[i].shape, fake[i].dtype), (name, i)
         for g, f in zip(grads, fake_grads):
             assert g.stride() == f.stride(), name
     assert eff(q, k, v, None, True)[1].shape == (2, 4, 32)
     assert eff(q, k, v, None, False)[1].shape == (2, 4, 0)
 
 
-def test_flash_attention_op_in_a_compiled_function_matches_eager():
-    q, k, v = (make((1, 2, 6, 8), torch.float32, seed=s).to("axon") for s in (1, 2, 3))
+@pytest.mark.parametrize("kind", ["flash", "efficient"])
+def test_backend_attention_ops_in_a_compiled_function_match_eager(kind):
+    """Forward and backward under torch.compile (Inductor checks every output's
+    size and strides against the Meta kernel's, the random-number state too)."""
+    qkv = [make((1, 2, 6, 8), torch.float32, seed=s).to("axon") for s in (1, 2, 3)]
 
     def f(q, k, v):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[:2]
+        if kind == "flash":
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[:2]
+        else:
+            out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, None, True, 0.0, True)[:2]
         return out * 2, lse + 1
 
-    got = torch.compile(f, backend="inductor", fullgraph=True)(q, k, v)
-    for a, b in zip(got, f(q, k, v)):
+    def run(fn):
+        leaves = [t.clone().requires_grad_() for t in qkv]
+        out, lse = fn(*leaves)
+        out.sum().backward()
+        return [out.detach(), lse] + [t.grad for t in leaves]
+
+    got = run(torch.compile(f, backend="inductor", fullgraph=True))
+    for a, b in zip(got, run(f)):
         torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-6, atol=1e-6)
 
 

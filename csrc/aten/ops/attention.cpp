@@ -18,7 +18,9 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_cpu_dispatch.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_cpu_dispatch.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/stack.h>
 #include <torch/library.h>
 
 #include <axon/kernels/attention.h>
@@ -235,9 +237,14 @@ at::Tensor seq_major(c10::IntArrayRef sizes, at::ScalarType dtype, c10::DeviceIn
   return emptyDevice(sizes, {L * H * D, D, H * D, 1}, dtype, device);
 }
 
+// lse_for_callers: the logsumexp goes to the caller (the flash and
+// memory-efficient ops; ring attention merges partial results by it), so a
+// fully masked row must read -inf, which ATen's kernel (0 there) would not
+// give: with a mask, no selection of ATen's kernel.
 SdpaOutputs sdpa_forward_impl(const char* name, OutLayout layout, const at::Tensor& q,
                               const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                              double dropout_p, bool is_causal, std::optional<double> scale) {
+                              double dropout_p, bool is_causal, std::optional<double> scale,
+                              bool lse_for_callers = false) {
   const auto device = opDevice(name, q, {&k, &v, &mask});
   const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), D = q.size(3);
   const int64_t S = k.size(2), Dv = v.size(3);
@@ -289,7 +296,7 @@ SdpaOutputs sdpa_forward_impl(const char* name, OutLayout layout, const at::Tens
         k::attention_forward(dt, shape, params, qp, qs, kp, ks, vp, vs, m, op, os, lp);
       };
     };
-    if (!flash_selectable(q, k, v, mask, dropout_p)) {
+    if (!flash_selectable(q, k, v, mask, dropout_p) || (lse_for_callers && mask.defined())) {
       kselect::launchWithThreadPolicy(
           device, name, (q.numel() + k.numel() + v.numel() + out.numel()) * q.itemsize(),
           std::max({q.numel(), k.numel(), v.numel(), out.numel()}), own());
@@ -337,6 +344,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward_impl(
       ": axon's attention kernel does not compute the gradient of the mask (attn_bias); "
       "detach it, or use the math backend (torch.nn.attention.sdpa_kernel(SDPBackend.MATH))");
   const int64_t D = q.size(3), L = q.size(2);
+  const std::array<int64_t, 4> out_sizes{q.size(0), q.size(1), L, v.size(3)};
+  TORCH_CHECK(out.sizes() == c10::IntArrayRef(out_sizes) &&
+                  grad_out.sizes() == c10::IntArrayRef(out_sizes),
+              name, ": expected out and grad_out of shape ", c10::IntArrayRef(out_sizes),
+              " (the attention's output for these query and value), got ", out.sizes(), " and ",
+              grad_out.sizes());
   TORCH_CHECK(lse_arg.dim() == 3 && lse_arg.size(0) == q.size(0) && lse_arg.size(1) == q.size(1) &&
                   (lse_arg.size(2) >= L || lse_arg.size(2) == 0) &&
                   lse_arg.scalar_type() == at::kFloat,
@@ -468,7 +481,14 @@ SdpaOutputs flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Te
   TORCH_CHECK_NOT_IMPLEMENTED(!return_debug_mask, name,
                               ": return_debug_mask=True is not supported on axon");
   auto r = sdpa_forward_impl(name, OutLayout::kLikeQuery, q, k, v, at::Tensor(), dropout_p,
-                             is_causal, scale);
+                             is_causal, scale, /*lse_for_callers=*/true);
+  // CUDA's layout, which the Meta kernel states: rng_state = [seed, offset]
+  // (uint64, shape [2]), unused (uint64, shape []).  Stacked where the
+  // kernel's seed and offset are: CPU scalars, or device scalars a captured
+  // graph fills when it runs (the stack is stream work after the kernel).
+  const at::Tensor& seed = std::get<6>(r);
+  std::get<6>(r) = at::stack({seed, std::get<7>(r)}).view(at::kUInt64);
+  std::get<7>(r) = at::empty({}, seed.options().dtype(at::kUInt64));
   std::get<8>(r) = emptyDevice({0}, q.scalar_type(), q.device().index());
   return r;
 }
@@ -481,9 +501,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
     std::optional<double> scale) {
   const char* name = "aten::_scaled_dot_product_flash_attention_backward";
   check_attention_args(name, q, k, v, /*same_head_dim=*/true);
+  // The forward's rng_state, [seed, offset] (philox_offset is its unused
+  // output); views, so device scalars are read when the kernel runs.
+  at::Tensor seed = philox_seed, offset = philox_offset;
+  if (philox_seed.defined() && philox_seed.numel() == 2) {
+    const at::Tensor pair = philox_seed.view(at::kLong);
+    seed = pair.select(0, 0);
+    offset = pair.select(0, 1);
+  }
   auto [dq, dk, dv, unused] =
       sdpa_backward_impl(name, OutLayout::kLikeQuery, grad_out, q, k, v, at::Tensor(), false, out,
-                         lse, dropout_p, is_causal, philox_seed, philox_offset, scale);
+                         lse, dropout_p, is_causal, seed, offset, scale);
   return {dq, dk, dv};
 }
 
@@ -498,7 +526,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_forward(
   check_attention_args(name, q, k, v, /*same_head_dim=*/false);
   const at::Tensor mask = bias.value_or(at::Tensor());
   auto r = sdpa_forward_impl(name, OutLayout::kSeqMajor, q, k, v, mask, dropout_p, is_causal,
-                             scale);
+                             scale, /*lse_for_callers=*/true);
   const int64_t L = q.size(2);
   const int64_t padded = compute_log_sumexp ? (L + 31) / 32 * 32 : 0;
   at::Tensor lse = emptyDevice({q.size(0), q.size(1), padded}, at::kFloat, q.device().index());
