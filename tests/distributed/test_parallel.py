@@ -638,6 +638,46 @@ def _sdpa_dtensor_checks(mesh, device):
     return out
 
 
+def _cp_inputs():
+    g = torch.Generator().manual_seed(11)
+    return [torch.randn(2, 4, 16, 8, generator=g) for _ in range(3)]
+
+
+def _context_parallel_checks(mesh, device):
+    """torch.distributed.tensor.experimental.context_parallel: q, k, v sharded
+    on the sequence (load-balanced), SDPA as ring attention; gradients reach
+    q, k, v through scalar weights (the buffers themselves are resharded in
+    place and cannot require grad)."""
+    import torch.nn.functional as F
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import (_cp_options,
+                                                                  context_parallel_unshard)
+
+    out = {}
+    for causal in (False, True):
+        q, k, v = (t.to(device) for t in _cp_inputs())
+        w = [torch.ones((), device=device, requires_grad=True) for _ in range(3)]
+        # upstream load-balances causal attention only ("Load balancing requires
+        # `is_causal=True`")
+        _cp_options.enable_load_balance = causal
+        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+            y = F.scaled_dot_product_attention(q * w[0], k * w[1], v * w[2], is_causal=causal)
+            (y * y).sum().backward()
+        (full,) = context_parallel_unshard(mesh, [y.detach()], [2])
+        grads = torch.stack([t.grad for t in w])
+        torch.distributed.all_reduce(grads)  # each rank saw its part of the sequence
+        out[causal] = (full.cpu(), grads.cpu())
+    _cp_options.enable_load_balance = True
+    try:  # a mask: not supported by ring attention (as for CUDA's flash attention)
+        q, k, v = (t.to(device) for t in _cp_inputs())
+        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+            F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(
+                16, 16, device=device)[None, None].expand(2, 4, 16, 16).contiguous())
+    except NotImplementedError as e:
+        out["mask_error"] = str(e)
+    return out
+
+
 def _tp_ranks(rank, world_size):
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -663,6 +703,7 @@ def _tp_ranks(rank, world_size):
     if DEV != "cpu":
         out["dropout"] = _dropout_checks(mesh, device)
         out["sdpa"] = _sdpa_dtensor_checks(mesh, device)
+        out["context_parallel"] = _context_parallel_checks(mesh, device)
     out["seconds"] = time.perf_counter() - t0
     return ship(out)
 
@@ -855,3 +896,23 @@ def test_sdpa_on_dtensors_matches_cpu(tp_run, case):
         torch.testing.assert_close(got["y"], y.detach(), rtol=1e-5, atol=1e-5)
         for g, leaf in zip(got["grads"], leaves):
             torch.testing.assert_close(g, leaf.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="no ring attention for the CPU's SDPA op upstream")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_context_parallel_matches_cpu(tp_run, causal):
+    """PyTorch's context parallelism (ring attention over 2 ranks; causal with
+    load-balanced sequence shards) gives the CPU's attention and gradients (float32
+    accumulation tolerance; ring merges partial softmaxes in another order)."""
+    import torch.nn.functional as F
+
+    q, k, v = _cp_inputs()
+    w = [torch.ones((), requires_grad=True) for _ in range(3)]
+    y = F.scaled_dot_product_attention(q * w[0], k * w[1], v * w[2], is_causal=causal)
+    (y * y).sum().backward()
+    expected = torch.stack([t.grad for t in w])
+    for r in tp_run:
+        full, grads = r["context_parallel"][causal]
+        torch.testing.assert_close(full, y.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(grads, expected, rtol=1e-4, atol=1e-4)
+    assert "no attention mask" in tp_run[0]["context_parallel"]["mask_error"]

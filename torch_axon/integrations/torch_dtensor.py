@@ -105,3 +105,73 @@ def overrideable_attention_sharding(_matrix_ops) -> None:
     register_op_strategy(fwd, schema_info=RuntimeSchemaInfo(4))(forward_strategy)
     register_op_strategy(bwd)(backward_strategy)
     forward_strategy._axon_patch = backward_strategy._axon_patch = True
+
+
+@on_import("torch.distributed.tensor.experimental._context_parallel._attention")
+def context_parallel_overrideable_attention(cp_attention) -> None:
+    """Patch ``torch.distributed.tensor.experimental._context_parallel._attention.custom_ops``:
+    ring attention for ``aten._scaled_dot_product_fused_attention_overrideable``.
+
+    ``context_parallel()`` hands SDPA's backend ops to ring attention through
+    DTensor custom-op handlers, listed for the cuda backends only (flash,
+    memory-efficient and cudnn attention); the op SDPA runs on a PrivateUse1
+    device (axon's; mtia, xpu on some paths) went to DTensor's ordinary
+    propagation instead, which gathers the sequence and returns a replicated
+    output that the context-parallel output hook then took for the local
+    shard.  The handlers below run the overrideable op as upstream's ring
+    flash attention (``_scaled_dot_product_ring_flash_attention`` and its
+    backward, which call ``aten._scaled_dot_product_flash_attention``, an axon
+    op), with the same restriction (no attention mask).  The generic upstream
+    fix: list the overrideable op with the flash op's ring functions.
+    """
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    aten = torch.ops.aten
+    fwd = aten._scaled_dot_product_fused_attention_overrideable.default
+    bwd = aten._scaled_dot_product_fused_attention_overrideable_backward.default
+    ops = getattr(cp_attention, "custom_ops", None)
+    ring_fwd = getattr(cp_attention, "_scaled_dot_product_ring_flash_attention", None)
+    ring_bwd = getattr(cp_attention, "_scaled_dot_product_ring_flash_attention_backward", None)
+    if not isinstance(ops, dict) or fwd in ops or ring_fwd is None or ring_bwd is None:
+        return
+
+    def arg(args, kwargs, i, name, default):
+        return args[i] if len(args) > i else kwargs.get(name, default)
+
+    def local(t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    def forward(op_call, args, kwargs):
+        q, k, v = args[:3]
+        if arg(args, kwargs, 3, "attn_bias", None) is not None:
+            raise NotImplementedError(
+                "context parallelism (ring attention) on axon takes no attention mask, as with "
+                "CUDA's flash attention; use is_causal=True for causal masking")
+        mesh, placements = q.device_mesh, q.placements
+        outs = ring_fwd(mesh, local(q), local(k), local(v),
+                        arg(args, kwargs, 4, "dropout_p", 0.0),
+                        arg(args, kwargs, 5, "is_causal", False),
+                        arg(args, kwargs, 6, "return_debug_mask", False),
+                        scale=arg(args, kwargs, 7, "scale", None))
+        out, lse, *rest = outs
+        return (DTensor.from_local(out, mesh, placements, run_check=False),
+                DTensor.from_local(lse, mesh, placements, run_check=False), *rest)
+
+    def backward(op_call, args, kwargs):
+        names = ["grad_out", "query", "key", "value", "attn_bias", "grad_input_mask", "out",
+                 "logsumexp", "cum_seq_q", "cum_seq_k", "max_q", "max_k", "dropout_p",
+                 "is_causal", "philox_seed", "philox_offset", "scale"]
+        a = {n: arg(args, kwargs, i, n, None) for i, n in enumerate(names)}
+        q = a["query"]
+        mesh, placements = q.device_mesh, q.placements
+        grads = ring_bwd(mesh, local(a["grad_out"]), local(q), local(a["key"]), local(a["value"]),
+                         local(a["out"]), local(a["logsumexp"]), a["cum_seq_q"], a["cum_seq_k"],
+                         a["max_q"], a["max_k"], a["dropout_p"] or 0.0, bool(a["is_causal"]),
+                         a["philox_seed"], a["philox_offset"], scale=a["scale"])
+        return tuple(DTensor.from_local(g, mesh, placements, run_check=False)
+                     for g in grads[:3]) + (None,)
+
+    forward._axon_patch = backward._axon_patch = True
+    ops[fwd] = forward
+    ops[bwd] = backward
