@@ -57,47 +57,39 @@ def overrideable_attention_sharding(_matrix_ops) -> None:
     if fwd in DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs:
         return  # upstream has one now (or this ran before)
 
+    def placements(args, bias_index):
+        """(q/k/v placement, mask placement or None) per strategy: all
+        replicated, heads sharded, batch sharded."""
+        bias = args[bias_index] if len(args) > bias_index else None  # (trailing defaults
+        has_bias = isinstance(bias, OpStrategy)                        # are not in args)
+        for shard, dim in ((None, None), (Shard(1), "heads"), (Shard(0), "batch")):
+            mask = None
+            if has_bias:
+                mask = Replicate() if dim is None else _mask_placement(bias, dim, Shard)
+            yield shard if shard is not None else Replicate(), mask
+
     def forward_strategy(op_schema):
         # (query, key, value, attn_bias?, dropout_p, is_causal, return_debug_mask, scale)
-        # (trailing defaults are not in args_schema)
-        args = op_schema.args_schema
-        bias = args[3] if len(args) > 3 else None
-        has_bias = isinstance(bias, OpStrategy)
-        strategies = []
-        for shard, dim in ((None, None), (Shard(1), "heads"), (Shard(0), "batch")):
-            p = shard if shard is not None else Replicate()
-            # out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed,
-            # philox_offset (CPU scalars), debug_attn_mask (undefined)
-            row = [p, p, None, None, None, None, None, None, None, p, p, p]
-            if has_bias:
-                row.append(Replicate() if dim is None else _mask_placement(bias, dim, Shard))
-            strategies.append(row)
+        # -> out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed,
+        #    philox_offset (CPU scalars), debug_attn_mask (undefined)
+        strategies = [[p, p, None, None, None, None, None, None, None, p, p, p] +
+                      ([] if mask is None else [mask])
+                      for p, mask in placements(op_schema.args_schema, 3)]
         return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema,
                                                strategies, input_index=9)
 
     def backward_strategy(op_schema):
         # (grad_out, query, key, value, attn_bias?, grad_input_mask, out, logsumexp,
         #  cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed,
-        #  philox_offset, scale): outputs grad_q, grad_k, grad_v, grad_attn_bias
+        #  philox_offset, scale) -> grad_q, grad_k, grad_v, grad_attn_bias
         args = op_schema.args_schema
-        bias = args[4] if len(args) > 4 else None
-        has_bias = isinstance(bias, OpStrategy)
         strategies = []
-        for shard, dim in ((None, None), (Shard(1), "heads"), (Shard(0), "batch")):
-            p = shard if shard is not None else Replicate()
-            mask = None
-            if has_bias:
-                mask = Replicate() if dim is None else _mask_placement(bias, dim, Shard)
-            row = [p, p, p, mask if has_bias else None]
+        for p, mask in placements(args, 4):
+            row = [p, p, p, mask]
             for i, arg in enumerate(args):
-                if not isinstance(arg, OpStrategy):
-                    continue
-                if i in (0, 1, 2, 3, 6, 7):  # grad_out, q, k, v, out, logsumexp
-                    row.append(p)
-                elif i == 4:
-                    row.append(mask)
-                else:  # cum_seq_*, philox scalars
-                    row.append(Replicate())
+                if isinstance(arg, OpStrategy):
+                    # grad_out, q, k, v, out, logsumexp; the mask; cum_seq_*, philox scalars
+                    row.append(p if i in (0, 1, 2, 3, 6, 7) else mask if i == 4 else Replicate())
             strategies.append(row)
         return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema,
                                                strategies, input_index=4)
