@@ -486,7 +486,7 @@ SdpaOutputs flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Te
   // (uint64, shape [2]), unused (uint64, shape []).  Stacked where the
   // kernel's seed and offset are: CPU scalars, or device scalars a captured
   // graph fills when it runs (the stack is stream work after the kernel).
-  const at::Tensor& seed = std::get<6>(r);
+  const at::Tensor seed = std::get<6>(r);
   std::get<6>(r) = at::stack({seed, std::get<7>(r)}).view(at::kUInt64);
   std::get<7>(r) = at::empty({}, seed.options().dtype(at::kUInt64));
   std::get<8>(r) = emptyDevice({0}, q.scalar_type(), q.device().index());
