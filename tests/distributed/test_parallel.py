@@ -601,6 +601,9 @@ SDPA_DTENSOR_CASES = {
     "heads_mask_b1ls": ("Shard(dim=1)", "b1ls", {}),
     "heads_mask_bhls": ("Shard(dim=1)", "bhls", {}),
     "batch_bool_mask_ls": ("Shard(dim=0)", "bool_ls", {}),
+    # 6 query heads over 3 key/value heads: 2 shards cannot split on group
+    # boundaries, so the heads are gathered (the output is not head-sharded)
+    "heads_gqa_uneven_groups": ("Shard(dim=1)", None, {"enable_gqa": True, "heads": (6, 3)}),
 }
 
 
@@ -608,8 +611,8 @@ def _sdpa_inputs(case):
     """CPU q, k, v (k, v with half the heads for GQA) and the case's mask."""
     _, mask_kind, kw = SDPA_DTENSOR_CASES[case]
     g = torch.Generator().manual_seed(5)
-    kv_heads = 2 if kw.get("enable_gqa") else 4
-    q = torch.randn(2, 4, 8, 16, generator=g)
+    q_heads, kv_heads = kw.get("heads", (4, 2 if kw.get("enable_gqa") else 4))
+    q = torch.randn(2, q_heads, 8, 16, generator=g)
     k, v = (torch.randn(2, kv_heads, 8, 16, generator=g) for _ in range(2))
     mask = {None: None, "b1ls": torch.randn(2, 1, 8, 8, generator=g),
             "bhls": torch.randn(2, 4, 8, 8, generator=g),
@@ -630,6 +633,7 @@ def _sdpa_dtensor_checks(mesh, device):
         dq, dk, dv = (distribute_tensor(t.to(device), mesh, [placements[placement]]).requires_grad_()
                       for t in (q, k, v))
         dmask = None if mask is None else distribute_tensor(mask.to(device), mesh, [Replicate()])
+        kw = {n: a for n, a in kw.items() if n != "heads"}
         y = F.scaled_dot_product_attention(dq, dk, dv, attn_mask=dmask, **kw)
         y.backward(torch.ones_like(y))
         out[case] = dict(placements=str(y.placements), grad_fn=y.grad_fn.name(),
@@ -675,6 +679,12 @@ def _context_parallel_checks(mesh, device):
                 16, 16, device=device)[None, None].expand(2, 4, 16, 16).contiguous())
     except NotImplementedError as e:
         out["mask_error"] = str(e)
+    try:  # dropout: each ring step draws its own numbers, which the backward cannot replay
+        q, k, v = (t.to(device) for t in _cp_inputs())
+        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+            F.scaled_dot_product_attention(q, k, v, dropout_p=0.5, is_causal=True)
+    except NotImplementedError as e:
+        out["dropout_error"] = str(e)
     return out
 
 
@@ -886,12 +896,16 @@ def test_sdpa_on_dtensors_matches_cpu(tp_run, case):
 
     q, k, v, mask = _sdpa_inputs(case)
     placement, _, kw = SDPA_DTENSOR_CASES[case]
+    kw = {n: a for n, a in kw.items() if n != "heads"}
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     y = F.scaled_dot_product_attention(*leaves, attn_mask=mask, **kw)
     y.backward(torch.ones_like(y))
     for r in tp_run:
         got = r["sdpa"][case]
-        assert got["placements"] == f"({placement},)"
+        if case == "heads_gqa_uneven_groups":
+            assert got["placements"] != f"({placement},)"
+        else:
+            assert got["placements"] == f"({placement},)"
         assert got["grad_fn"] == "ScaledDotProductFusedAttentionOverrideableBackward0"
         torch.testing.assert_close(got["y"], y.detach(), rtol=1e-5, atol=1e-5)
         for g, leaf in zip(got["grads"], leaves):
@@ -916,3 +930,4 @@ def test_context_parallel_matches_cpu(tp_run, causal):
         torch.testing.assert_close(full, y.detach(), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(grads, expected, rtol=1e-4, atol=1e-4)
     assert "no attention mask" in tp_run[0]["context_parallel"]["mask_error"]
+    assert "no attention dropout" in tp_run[0]["context_parallel"]["dropout_error"]

@@ -68,15 +68,34 @@ def overrideable_attention_sharding(_matrix_ops) -> None:
                 mask = Replicate() if dim is None else _mask_placement(bias, dim, Shard)
             yield shard if shard is not None else Replicate(), mask
 
+    def heads_divide(args, q_index):
+        """Grouped-query heads (fewer key/value heads) sharded on heads must
+        split on group boundaries: the shard count divides the key/value heads
+        (else a shard would pair query heads with another group's keys)."""
+        q_heads, kv_heads = args[q_index].shape[1], args[q_index + 1].shape[1]
+
+        def valid(input_specs, _output_specs):
+            if q_heads == kv_heads:
+                return True
+            spec = input_specs[0]  # the query's (its first tensor input after grad_out)
+            shards = 1
+            for mesh_dim, placement in enumerate(spec.placements):
+                if isinstance(placement, Shard) and placement.dim == 1:
+                    shards *= spec.mesh.size(mesh_dim)
+            return kv_heads % shards == 0
+        return valid
+
     def forward_strategy(op_schema):
         # (query, key, value, attn_bias?, dropout_p, is_causal, return_debug_mask, scale)
         # -> out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed,
         #    philox_offset (CPU scalars), debug_attn_mask (undefined)
+        args = op_schema.args_schema
         strategies = [[p, p, None, None, None, None, None, None, None, p, p, p] +
                       ([] if mask is None else [mask])
-                      for p, mask in placements(op_schema.args_schema, 3)]
+                      for p, mask in placements(args, 3)]
         return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema,
-                                               strategies, input_index=9)
+                                               strategies, input_index=9,
+                                               is_valid_strategy_cb=heads_divide(args, 0))
 
     def backward_strategy(op_schema):
         # (grad_out, query, key, value, attn_bias?, grad_input_mask, out, logsumexp,
@@ -85,14 +104,17 @@ def overrideable_attention_sharding(_matrix_ops) -> None:
         args = op_schema.args_schema
         strategies = []
         for p, mask in placements(args, 4):
+            # (the mask's gradient: never computed, axon's kernel refuses it)
             row = [p, p, p, mask]
             for i, arg in enumerate(args):
                 if isinstance(arg, OpStrategy):
                     # grad_out, q, k, v, out, logsumexp; the mask; cum_seq_*, philox scalars
                     row.append(p if i in (0, 1, 2, 3, 6, 7) else mask if i == 4 else Replicate())
             strategies.append(row)
+        valid = heads_divide(args, 1)  # (inputs: grad_out, q, k, ...)
         return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema,
-                                               strategies, input_index=4)
+                                               strategies, input_index=4,
+                                               is_valid_strategy_cb=lambda i, o: valid(i[1:], o))
 
     register_op_strategy(fwd, schema_info=RuntimeSchemaInfo(4))(forward_strategy)
     register_op_strategy(bwd)(backward_strategy)
@@ -113,11 +135,12 @@ def context_parallel_overrideable_attention(cp_attention) -> None:
     shard.  The handlers below run the overrideable op as upstream's ring
     flash attention (``_scaled_dot_product_ring_flash_attention`` and its
     backward, which call ``aten._scaled_dot_product_flash_attention``, an axon
-    op), with the same restriction (no attention mask).  The generic upstream
+    op), with the same restrictions (no attention mask; no dropout, which the
+    ring's backward cannot replay), for q, k, v sharded on the sequence.  The generic upstream
     fix: list the overrideable op with the flash op's ring functions.
     """
     import torch
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Shard
 
     aten = torch.ops.aten
     fwd = aten._scaled_dot_product_fused_attention_overrideable.default
@@ -134,13 +157,32 @@ def context_parallel_overrideable_attention(cp_attention) -> None:
     def local(t):
         return t.to_local() if isinstance(t, DTensor) else t
 
+    def sequence_shards(name, *tensors):
+        """The mesh and placements of q, k, v sharded on the sequence (what
+        context_parallel's input hook makes); anything else inside the
+        context (heads-sharded or replicated attention) is refused rather than
+        taken for sequence shards."""
+        mesh = tensors[0].device_mesh
+        for t in tensors:
+            if not (isinstance(t, DTensor) and t.device_mesh == mesh and mesh.ndim == 1
+                    and tuple(t.placements) == (Shard(2),)):
+                raise NotImplementedError(
+                    f"{name} under context_parallel on axon: expected query, key and value "
+                    "sharded on the sequence (Shard(2)) over a 1-D mesh, got "
+                    f"{[getattr(x, 'placements', type(x).__name__) for x in tensors]}")
+        return mesh, (Shard(2),)
+
     def forward(op_call, args, kwargs):
         q, k, v = args[:3]
         if arg(args, kwargs, 3, "attn_bias", None) is not None:
             raise NotImplementedError(
                 "context parallelism (ring attention) on axon takes no attention mask, as with "
                 "CUDA's flash attention; use is_causal=True for causal masking")
-        mesh, placements = q.device_mesh, q.placements
+        if arg(args, kwargs, 4, "dropout_p", 0.0) > 0:
+            raise NotImplementedError(
+                "context parallelism (ring attention) on axon takes no attention dropout (each "
+                "ring step draws its own random numbers, which the backward cannot replay)")
+        mesh, placements = sequence_shards("scaled_dot_product_attention", q, k, v)
         outs = ring_fwd(mesh, local(q), local(k), local(v),
                         arg(args, kwargs, 4, "dropout_p", 0.0),
                         arg(args, kwargs, 5, "is_causal", False),
@@ -156,7 +198,8 @@ def context_parallel_overrideable_attention(cp_attention) -> None:
                  "is_causal", "philox_seed", "philox_offset", "scale"]
         a = {n: arg(args, kwargs, i, n, None) for i, n in enumerate(names)}
         q = a["query"]
-        mesh, placements = q.device_mesh, q.placements
+        mesh, placements = sequence_shards("scaled_dot_product_attention backward", q,
+                                           a["key"], a["value"])
         grads = ring_bwd(mesh, local(a["grad_out"]), local(q), local(a["key"]), local(a["value"]),
                          local(a["out"]), local(a["logsumexp"]), a["cum_seq_q"], a["cum_seq_k"],
                          a["max_q"], a["max_k"], a["dropout_p"] or 0.0, bool(a["is_causal"]),
