@@ -42,14 +42,13 @@ c10::DeviceIndex opDevice(const char* op, const at::Tensor& main,
 c10::DeviceIndex opDevice(const c10::FunctionSchema& schema, const torch::jit::Stack& stack);
 
 namespace op_device_detail {
-// Types that hold tensors but are neither a tensor, an optional tensor nor a
-// list convertible to ITensorListRef / ArrayRef<optional<Tensor>>: the
-// argument walkers below refuse them at compile time.
+// Tensor-holding argument types the walkers below have no branch for (every
+// list convertible to ITensorListRef or ArrayRef<optional<Tensor>> has one):
+// refused at compile time rather than skipped.  IOptTensorListRef is an index
+// list in the ops that take it; a kernel passing one must decide how.
 template <typename T>
 inline constexpr bool holdsTensors =
-    std::is_same_v<T, at::TensorBase> || std::is_same_v<T, c10::List<at::Tensor>> ||
-    std::is_same_v<T, std::vector<std::optional<at::Tensor>>> ||
-    std::is_same_v<T, at::IOptTensorListRef>;
+    std::is_same_v<T, at::TensorBase> || std::is_same_v<T, at::IOptTensorListRef>;
 }  // namespace op_device_detail
 
 // Raises PyTorch's error unless t is on axon:`device` (CPU 0-dim tensors
@@ -74,8 +73,7 @@ inline void checkSameDevice(const char*, c10::DeviceIndex,
                             const c10::List<std::optional<at::Tensor>>&) {}
 // Everything else: tensor lists in any spelling (TensorList, std::vector,
 // c10::List) are checked element by element; non-tensor arguments are
-// ignored.  A tensor-holding type this cannot see is a compile error rather
-// than an argument silently left unchecked.
+// ignored; the types of holdsTensors do not compile.
 template <typename T>
 void checkSameDevice(const char* op, c10::DeviceIndex device, const T& v) {
   if constexpr (std::is_convertible_v<const T&, at::ITensorListRef>) {
