@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -115,6 +116,17 @@ struct Entry {
   bool confirm = false;
   int prior_samples = 0;
   std::array<double, kVariants> prior{-1, -1, -1, -1};
+  // Agreement: the job's variant when the modes allow `agreed_mask` (-1:
+  // not known yet); `deciding` while a trial's choice is being agreed.
+  int agreed = -1;
+  uint8_t agreed_mask = 0;
+  bool deciding = false;
+  // Agreement, kernels that update their inputs (chooseTrial): this job's
+  // launches per variant (the first kTrialRuns + 1 of each are trials in
+  // every process) and the trial runs recorded since the job's trials began.
+  bool job_trial = false;
+  std::array<int64_t, kVariants> job_issued{};
+  int64_t job_recorded = 0;
 };
 
 const char* const kOpNames[] = {"linear",           "softmax",           "log_softmax",
@@ -318,7 +330,7 @@ std::mutex& file_mutex = *new std::mutex;  // one writer per process
 
 // Thread policy entries, by (kernel name, class of bytes; `elements` below
 // holds the bytes class).
-struct ThreadEntry final : TimedRun {
+struct ThreadEntry final : TimedRun, ThreadsAtRun {
   std::string kernel;
   uint8_t elements = 0;
   TeamKind team = TeamKind::kOpenMp;
@@ -333,7 +345,16 @@ struct ThreadEntry final : TimedRun {
   bool confirm = false;
   int prior_samples = 0;
   double prior[2] = {-1, -1};
+  // Agreement: the job's threads (1 or 0), -1 while not known; `deciding`
+  // while the trials' choice is being agreed.
+  int agreed = -1;
+  bool deciding = false;
+  // As Entry's: this job's launches per side and trial runs recorded.
+  bool job_trial = false;
+  int64_t job_issued[2] = {0, 0};
+  int64_t job_recorded = 0;
   void record(int threads, double us) override;
+  int threadsAtRun() override;
 };
 struct NameKey {
   const void* name;
@@ -713,6 +734,110 @@ uint8_t measuredMask(const Entry& e) {
   return m;
 }
 
+// ------------------------------------------------------------ agreement
+
+// A deferred launch waits at most this long on its worker for the job's
+// choice (its trials run on another stream that may be waiting for this
+// one), then runs this process's.
+constexpr auto kDecisionWait = std::chrono::seconds(10);
+
+std::mutex& agreement_mutex = *new std::mutex;
+// Registered stores, oldest first: the first serves.
+auto& agreements =
+    *new std::vector<std::pair<const void*, std::shared_ptr<Agreement>>>;  // agreement_mutex
+std::atomic<bool> agreement_on{false};  // a store serves and has not failed
+// Signalled (under table_mutex) when a decision is made or agreement ends.
+std::condition_variable& decided = *new std::condition_variable;
+
+bool agreementOn() { return agreement_on.load(std::memory_order_acquire); }
+
+// Forgets the job's choices (a new store serves): they are agreed again.
+void forgetAgreedLocked() {
+  for (auto& [k, e] : entries) {
+    e->agreed = -1;
+    e->agreed_mask = 0;
+    e->job_trial = false;
+    e->job_issued = {};
+    e->job_recorded = 0;
+  }
+  for (auto& [k, t] : thread_entries) {
+    t->agreed = -1;
+    t->job_trial = false;
+    t->job_issued[0] = t->job_issued[1] = 0;
+    t->job_recorded = 0;
+  }
+  bump();
+}
+
+std::atomic<bool> wait_warned{false};
+void warnDecisionWait(const std::string& what) {
+  if (wait_warned.exchange(true)) return;
+  std::fprintf(stderr,
+               "axon: %s waited %lld s for this process's kernel trials (queued on another "
+               "stream); it runs the job's default instead, agreed with the other ranks\n",
+               what.c_str(), static_cast<long long>(kDecisionWait.count()));
+}
+
+// The job's value of key, proposing `value` unless it is empty; "" when the
+// job has none or there is no agreement.  Never under table_mutex: a round
+// trip to the store.
+std::string agree(const std::string& key, const std::string& value) {
+  std::shared_ptr<Agreement> a;
+  {
+    std::lock_guard<std::mutex> g(agreement_mutex);
+    if (agreements.empty() || !agreementOn()) return "";
+    a = agreements.front().second;
+  }
+  std::string error;
+  try {
+    return value.empty() ? a->get(key) : a->propose(key, value);
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  bool first;
+  {
+    std::lock_guard<std::mutex> g(agreement_mutex);
+    first = agreement_on.exchange(false);
+  }
+  if (first) {
+    std::fprintf(stderr,
+                 "axon: kernel selection cannot reach the process group's store (%s); from now "
+                 "on this process chooses kernels and threads alone, and results may differ "
+                 "from other ranks' in the last bits\n",
+                 error.c_str());
+  }
+  {
+    std::lock_guard<std::mutex> g(table_mutex);
+  }
+  decided.notify_all();
+  return "";
+}
+
+// The job's variant of a key under the modes' `allowed` variants, proposing
+// `proposal` (a variant, or -1: only look); -1 when none and no proposal.
+int agreeVariant(uint64_t packed, uint8_t allowed, int proposal) {
+  char key[64];
+  std::snprintf(key, sizeof(key), "axon_kselect/%016llx/%x",
+                static_cast<unsigned long long>(packed), static_cast<unsigned>(allowed));
+  const std::string v = agree(key, proposal >= 0 ? std::to_string(proposal) : "");
+  if (v.size() == 1 && v[0] >= '0' && v[0] < '0' + kVariants && (allowed & (1 << (v[0] - '0')))) {
+    return v[0] - '0';
+  }
+  return proposal;
+}
+
+// The job's threads (1 or 0) of a thread policy key, proposing `proposal`
+// (or -1: only look); -1 when none and no proposal.
+int agreeThreads(const std::string& kernel, uint8_t elements, int proposal) {
+  const std::string v = agree("axon_kthreads/" + fileThreadKey(kernel, elements),
+                              proposal < 0 ? "" : threadsName(proposal));
+  if (v == "worker") return 1;
+  if (v == "team") return 0;
+  return proposal;
+}
+
 // ------------------------------------------------------------ per-thread caches
 
 struct CachedChoice {
@@ -726,6 +851,7 @@ struct CachedThreads {
   uint8_t elements = 0;
   uint64_t generation = 0;
   ThreadEntry* entry = nullptr;
+  int threads = 1;
 };
 constexpr size_t kCacheSlots = 64;
 thread_local std::array<CachedChoice, kCacheSlots> choice_cache;
@@ -821,12 +947,30 @@ Lookup lookup(const Key& key) {
   l.entry = &e;
   if (__builtin_popcount(l.allowed) == 1) {
     l.choice = variantChoice(__builtin_ctz(l.allowed));
-  } else if (known(e.source) && !e.confirm && (l.allowed & ~measuredMask(e)) == 0 &&
-             best(e.us, l.allowed, key.op) >= 0) {
-    // The table's choice (as measured, or as someone edited the file) when
-    // the modes leave every variant open.
-    l.choice = variantChoice(l.allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant
-                                                                      : best(e.us, l.allowed, key.op));
+  } else if (e.agreed >= 0 && e.agreed_mask == l.allowed) {
+    l.choice = variantChoice(e.agreed);  // the job's
+  } else {
+    int v = -1;
+    if (known(e.source) && !e.confirm && (l.allowed & ~measuredMask(e)) == 0 &&
+        best(e.us, l.allowed, key.op) >= 0) {
+      // The table's choice (as measured, or as someone edited the file) when
+      // the modes leave every variant open.
+      v = l.allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant : best(e.us, l.allowed, key.op);
+    }
+    if (agreementOn() && (v >= 0 || e.source != Source::kPending)) {
+      // The job's choice: ours proposed when we have one, else another
+      // process's, looked up before measuring (a measurement's launch runs
+      // the job's choice last, so its result does not depend on who measured).
+      const uint8_t allowed = l.allowed;
+      l.lock.unlock();
+      v = agreeVariant(packed, allowed, v);
+      l.lock.lock();
+      if (v >= 0 && agreementOn()) {
+        e.agreed = v;
+        e.agreed_mask = allowed;
+      }
+    }
+    if (v >= 0) l.choice = variantChoice(v);
   }
   if (l.choice) {
     count(e, l.choice->impl);
@@ -842,6 +986,9 @@ Decision choose(const Key& key) {
   if (l.choice) return Decision{l.choice, 0};
   Entry& e = *l.entry;
   if (e.source == Source::kPending) {
+    // Agreement: measured again, unless the job's choice is known by then
+    // (measure()): what runs does not depend on when the measurement ends.
+    if (agreementOn()) return Decision{std::nullopt, l.allowed};
     // Its measurement is queued: the file's choice while confirming it, else
     // the first variant the modes allow (ours on the worker unless forced).
     const Choice c = variantChoice(e.confirm && l.allowed == 0xf && e.auto_variant >= 0
@@ -859,6 +1006,23 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
 
 void measure(const Key& key, uint8_t mask, const std::function<void()>& own,
              const std::function<void()>& library) {
+  int agreed = -1;
+  {
+    std::lock_guard<std::mutex> g(table_mutex);
+    Entry& e = *entries.at(key.packed());
+    if (e.agreed >= 0 && e.agreed_mask == mask) {
+      agreed = e.agreed;
+      // Not measured here: a later launch without the job's choice measures.
+      if (e.source == Source::kPending) e.source = Source::kUnmeasured;
+      count(e, variantChoice(agreed).impl);
+    }
+  }
+  if (agreed >= 0) {  // a launch queued while the key was measured: the job's choice
+    setVariantThreads(agreed);
+    if (!isLibrary(agreed)) return own();
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return library();
+  }
   try {
     measureVariants(key, mask, own, library);
   } catch (...) {
@@ -873,6 +1037,7 @@ void measure(const Key& key, uint8_t mask, const std::function<void()>& own,
 void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& own,
                      const std::function<void()>& library) {
   using clock = std::chrono::steady_clock;
+  const uint8_t allowed = mask;  // the modes' (the job's choice is per modes)
   if (kernelTeamSize() <= 1) {
     // No team on this worker: its variants run on the worker.
     mask = (mask | (mask >> 1)) & 0b0101;
@@ -942,10 +1107,25 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     library();
   }
+  bool agreed = false;
+  if (library_ok && agreementOn()) {
+    // The job's choice (a variant this worker cannot time, a team without
+    // threads, runs all the same).
+    int proposal = winner;  // a worker without a team timed team variants alone
+    if (!(allowed & (1 << proposal))) proposal |= 1;
+    if (!(allowed & (1 << proposal))) proposal = __builtin_ctz(allowed);
+    const int a = agreeVariant(key.packed(), allowed, proposal);
+    agreed = agreementOn();
+    if (agreed) winner = a;
+  }
   if (winner != last) run(winner);
   const Impl impl = variantChoice(winner).impl;
   std::lock_guard<std::mutex> g(table_mutex);
   Entry& e = *entries.at(key.packed());
+  if (agreed) {
+    e.agreed = winner;
+    e.agreed_mask = allowed;
+  }
   for (int v = 0; v < kVariants; ++v) {
     if (mask & (1 << v)) e.us[v] = us[v];
   }
@@ -957,24 +1137,93 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
   count(e, impl);
   dirty = true;
   bump();
+  decided.notify_all();
 }
+
+void setVariantThreads(int v) { setKernelThreads(isTeam(v) ? 0 : 1); }
 
 // ------------------------------------------------------------ trials
 
+namespace {
+void startTrial(Entry& e, uint8_t allowed) {
+  e.source = Source::kPending;
+  e.trial_issued = {};
+  e.trial_timed = {};
+  for (int v = 0; v < kVariants; ++v) {
+    if (allowed & (1 << v)) e.us[v] = -1;
+  }
+}
+
+// chooseTrial while ranks agree: the key's first launches in this job are
+// trials in every process, whatever its table file, the store or earlier
+// trials say (their results are their variants'), kTrialRuns + 1 of each
+// variant in turn; every later launch runs the job's choice, deciding on the
+// worker when it runs if the host does not know it yet.  Which launch runs
+// what depends only on how many launches of the key came before it.
+TrialDecision chooseTrialInJob(const Key& key) {
+  const uint64_t packed = key.packed();
+  const uint64_t gen = generation.load(std::memory_order_acquire);
+  CachedChoice& slot = choice_cache[(packed * 0x9e3779b97f4a7c15ULL) >> 58];
+  if (slot.packed == packed && slot.generation == gen) {
+    count(*slot.entry, slot.choice.impl);
+    return TrialDecision{slot.choice};
+  }
+  maybeSave();
+  const uint8_t allowed = allowedVariants();
+  std::lock_guard<std::mutex> g(table_mutex);
+  loadLocked();
+  auto& ptr = entries[packed];
+  if (!ptr) ptr = std::make_unique<Entry>();
+  Entry& e = *ptr;
+  e.key = key;
+  std::optional<int> decided_variant;
+  if (__builtin_popcount(allowed) == 1) decided_variant = __builtin_ctz(allowed);
+  if (!decided_variant) {
+    if (!e.job_trial) {
+      e.job_trial = true;
+      e.job_issued = {};
+      e.job_recorded = 0;
+      e.agreed = -1;
+      startTrial(e, allowed);
+    }
+    int pick = -1;
+    for (int v = 0; v < kVariants; ++v) {
+      if ((allowed & (1 << v)) && e.job_issued[v] < kTrialRuns + 1 &&
+          (pick < 0 || e.job_issued[v] < e.job_issued[pick])) {
+        pick = v;
+      }
+    }
+    if (pick >= 0) {
+      if (e.source != Source::kPending) startTrial(e, allowed);  // decided early: timed again
+      ++e.job_issued[pick];
+      ++e.trial_issued[pick];
+      const Choice choice = variantChoice(pick);
+      count(e, choice.impl);
+      return TrialDecision{choice, &e, pick};
+    }
+    if (e.agreed >= 0 && e.agreed_mask == allowed) decided_variant = e.agreed;
+  }
+  if (decided_variant) {
+    const Choice c = variantChoice(*decided_variant);
+    count(e, c.impl);
+    slot = CachedChoice{packed, gen, &e, c};
+    return TrialDecision{c};
+  }
+  TrialDecision d{variantChoice(__builtin_ctz(allowed)), &e, -1};
+  d.deferred = true;
+  d.allowed = allowed;
+  return d;
+}
+}  // namespace
+
 TrialDecision chooseTrial(const Key& key) {
+  if (agreementOn()) return chooseTrialInJob(key);
   Lookup l = lookup(key);
   if (l.choice) return TrialDecision{*l.choice};
   Entry& e = *l.entry;
   const uint8_t allowed = l.allowed;
   // A trial: the allowed variant issued least so far.
-  if (e.source != Source::kPending) {
-    e.source = Source::kPending;
-    e.trial_issued = {};
-    e.trial_timed = {};
-    for (int v = 0; v < kVariants; ++v) {
-      if (allowed & (1 << v)) e.us[v] = -1;
-    }
-  }
+  if (e.source != Source::kPending) startTrial(e, allowed);
   int pick = -1;
   for (int v = 0; v < kVariants; ++v) {
     if ((allowed & (1 << v)) && (pick < 0 || e.trial_issued[v] < e.trial_issued[pick])) pick = v;
@@ -988,15 +1237,25 @@ TrialDecision chooseTrial(const Key& key) {
 void recordTrial(void* trial, int variant, double us) {
   Entry& e = *static_cast<Entry*>(trial);
   const uint8_t allowed = allowedVariants();
-  std::lock_guard<std::mutex> g(table_mutex);
-  if (e.source != Source::kPending) return;  // decided meanwhile, or forgotten
+  std::unique_lock<std::mutex> g(table_mutex);
+  if (e.source != Source::kPending || e.deciding) return;  // decided meanwhile, or forgotten
   if (us == kUntimedRun) return;              // ran at the call: issued again later
+  // In a job: decided at the latest once every trial it issued has run.
+  bool all_ran = false;
+  if (e.job_trial) {
+    int64_t issued_in_job = 0;
+    for (int v = 0; v < kVariants; ++v) {
+      if (allowed & (1 << v)) issued_in_job += e.job_issued[v];
+    }
+    all_ran = ++e.job_recorded >= issued_in_job &&
+              issued_in_job >= int64_t{kTrialRuns + 1} * __builtin_popcount(allowed);
+  }
   if (us >= kFailedRun) {
     // The kernel threw (its error is the launch's): never chosen, done.
     e.us[variant] = std::numeric_limits<double>::infinity();
     e.trial_timed[variant] = kTrialRuns + 1;
   } else if (e.trial_timed[variant]++ == 0) {
-    return;  // each variant's first timed run warms up
+    if (!all_ran) return;  // each variant's first timed run warms up
   } else {
     e.us[variant] = e.us[variant] < 0 ? us : std::min(e.us[variant], us);
   }
@@ -1004,31 +1263,85 @@ void recordTrial(void* trial, int variant, double us) {
   uint8_t issued = 0;
   for (int v = 0; v < kVariants; ++v) {
     if (e.trial_issued[v] > 0) issued |= 1 << v;
-    if ((allowed & (1 << v)) && e.trial_timed[v] <= kTrialRuns) return;
+    if ((allowed & (1 << v)) && e.trial_timed[v] <= kTrialRuns && !all_ran) return;
   }
   mergePrior(e);
-  e.source = Source::kMeasured;
   const uint8_t available = teamAvailable() ? 0xf : 0b0101;
   if ((available & ~issued) == 0) e.auto_variant = best(e.us, available, e.key.op);
+  if (e.job_trial && agreementOn()) {
+    int local = allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant
+                                                      : best(e.us, allowed, e.key.op);
+    if (local < 0) local = __builtin_ctz(allowed);  // every variant failed
+    const uint64_t packed = e.key.packed();
+    e.deciding = true;
+    g.unlock();
+    const int a = agreeVariant(packed, allowed, local);
+    g.lock();
+    e.deciding = false;
+    if (e.source != Source::kPending) return;  // forgotten meanwhile
+    if (agreementOn()) {
+      e.agreed = a;
+      e.agreed_mask = allowed;
+    }
+  }
+  e.source = Source::kMeasured;
   dirty = true;
   bump();
+  decided.notify_all();
+}
+
+int decidedVariant(void* trial, uint8_t allowed) {
+  Entry& e = *static_cast<Entry*>(trial);
+  std::unique_lock<std::mutex> g(table_mutex);
+  const auto ready = [&] {
+    return (e.agreed >= 0 && e.agreed_mask == allowed) ||
+           (e.source != Source::kPending && !e.deciding) || !agreementOn();
+  };
+  if (!ready() && !decided.wait_for(g, kDecisionWait, ready)) {
+    // Still not decided: the job's default, as every rank whose wait ends so
+    // (a rank whose trials ended first may have written its choice: taken).
+    const uint64_t packed = e.key.packed();
+    g.unlock();
+    warnDecisionWait(std::string("a launch of ") + kOpNames[static_cast<int>(unpack(packed).op)]);
+    const int a = agreeVariant(packed, allowed, __builtin_ctz(allowed));
+    g.lock();
+    if (agreementOn() && !(e.agreed >= 0 && e.agreed_mask == allowed)) {
+      e.agreed = a;
+      e.agreed_mask = allowed;
+      bump();
+    }
+  }
+  int v = __builtin_ctz(allowed);
+  if (e.agreed >= 0 && e.agreed_mask == allowed) {
+    v = e.agreed;
+  } else if (known(e.source) && (allowed & ~measuredMask(e)) == 0) {
+    const int b = allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant
+                                                        : best(e.us, allowed, e.key.op);
+    if (b >= 0) v = b;
+  }
+  count(e, variantChoice(v).impl);
+  return v;
 }
 
 // ------------------------------------------------------------ thread policy
 
 void ThreadEntry::record(int threads, double us) {
   const int side = threads == 1 ? 0 : 1;
-  std::lock_guard<std::mutex> g(table_mutex);
-  if (source != Source::kPending) return;  // decided meanwhile, or forgotten
+  std::unique_lock<std::mutex> g(table_mutex);
+  if (source != Source::kPending || deciding) return;  // decided meanwhile, or forgotten
+  // In a job: decided at the latest once every trial it issued has run
+  // (whether timed or run at the call).
+  const bool all_ran = job_trial && ++job_recorded >= job_issued[0] + job_issued[1] &&
+                       job_issued[0] > kTrialRuns && job_issued[1] > kTrialRuns;
   if (us == kUntimedRun) {
     // Ran at the call (a new signature, or one whose kernel warns and so
     // always runs there): a kernel that never runs on the worker stays there.
-    if (++untimed < 4 * (kTrialRuns + 1) || timed[0] + timed[1] > 0) return;
+    if ((++untimed < 4 * (kTrialRuns + 1) || timed[0] + timed[1] > 0) && !all_ran) return;
   } else if (timed[side]++ == 0) {
-    return;  // each side's first timed run warms up (cold caches, a sleeping team)
+    if (!all_ran) return;  // each side's first timed run warms up (cold caches, a sleeping team)
   } else {
     best[side] = best[side] < 0 ? us : std::min(best[side], us);  // a failed run: 1e300
-    if (timed[0] <= kTrialRuns || timed[1] <= kTrialRuns) return;
+    if ((timed[0] <= kTrialRuns || timed[1] <= kTrialRuns) && !all_ran) return;
   }
   if (confirm && timed[0] + timed[1] == 0) {
     // Decided without a timed run (it always ran at the call): no measurement
@@ -1045,9 +1358,42 @@ void ThreadEntry::record(int threads, double us) {
     samples = 1;
   }
   this->threads = best[0] >= 0 && best[1] >= 0 && teamHandicapped(team, best[1]) < best[0] ? 0 : 1;
+  if (job_trial && agreementOn()) {
+    deciding = true;
+    g.unlock();
+    const int a = agreeThreads(kernel, elements, this->threads);
+    g.lock();
+    deciding = false;
+    if (source != Source::kPending) return;  // forgotten meanwhile
+    if (agreementOn()) agreed = a;
+  }
   source = Source::kMeasured;
   dirty = true;
   bump();
+  decided.notify_all();
+}
+
+int ThreadEntry::threadsAtRun() {
+  std::unique_lock<std::mutex> g(table_mutex);
+  const auto ready = [&] {
+    return agreed >= 0 || (source != Source::kPending && !deciding) || !agreementOn();
+  };
+  if (!ready() && !decided.wait_for(g, kDecisionWait, ready)) {
+    // Still not decided: the job's default (the worker), as every rank whose
+    // wait ends so (a rank whose trials ended first may have written its
+    // choice: taken).
+    g.unlock();
+    warnDecisionWait("a launch of " + kernel);
+    const int a = agreeThreads(kernel, elements, 1);
+    g.lock();
+    if (agreementOn() && agreed < 0) {
+      agreed = a;
+      bump();
+    }
+  }
+  const int t = agreed >= 0 ? agreed : known(source) ? threads.load() : 1;
+  runs[t == 1 ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+  return t;
 }
 
 int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, TeamKind team,
@@ -1066,34 +1412,109 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
   CachedThreads& slot =
       threads_cache[((reinterpret_cast<uintptr_t>(name) >> 3) * 31 + cls) % kCacheSlots];
   if (slot.name == name && slot.elements == cls && slot.generation == gen) {
-    const int t = slot.entry->threads;
+    const int t = slot.threads;
     slot.entry->runs[t == 1 ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
     return t;
   }
   if (!on_worker) maybeSave();
-  std::lock_guard<std::mutex> g(table_mutex);
+  std::unique_lock<std::mutex> g(table_mutex);
   loadLocked();
-  ThreadEntry*& t = thread_entries[NameKey{name, cls}];
-  if (t == nullptr) {
-    t = new ThreadEntry();  // never freed (see entries)
-    t->kernel = name;
-    t->elements = cls;
-    t->team = team;
-    auto it = file_threads.find(fileThreadKey(t->kernel, cls));
-    if (it != file_threads.end()) adoptFileEntry(*t, it->second);
+  ThreadEntry*& slot_entry = thread_entries[NameKey{name, cls}];
+  if (slot_entry == nullptr) {
+    slot_entry = new ThreadEntry();  // never freed (see entries)
+    slot_entry->kernel = name;
+    slot_entry->elements = cls;
+    slot_entry->team = team;
+    auto it = file_threads.find(fileThreadKey(slot_entry->kernel, cls));
+    if (it != file_threads.end()) adoptFileEntry(*slot_entry, it->second);
   }
-  if (known(t->source)) {
-    slot = CachedThreads{name, cls, gen, t};
-    t->runs[t->threads == 1 ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
-    return t->threads;
+  ThreadEntry* const t = slot_entry;
+  if (!on_worker && agreementOn()) {
+    // Agreement (not from a worker: its fused runs split rows, which rounds
+    // the same on any threads).  As chooseTrialInJob: the key's first
+    // launches in this job are trials in every process, kTrialRuns + 1 a
+    // side in turn, whatever its table file, the store or earlier trials say;
+    // every later launch runs the job's choice, deciding when it runs if the
+    // host does not know it yet (threadsAtRun).
+    if (!t->job_trial) {
+      t->job_trial = true;
+      t->job_issued[0] = t->job_issued[1] = 0;
+      t->job_recorded = 0;
+      t->agreed = -1;
+    }
+    if (t->job_issued[0] <= kTrialRuns || t->job_issued[1] <= kTrialRuns) {
+      if (t->source != Source::kPending) {  // this job's trials (again, if decided early)
+        t->source = Source::kPending;
+        t->best[0] = t->best[1] = -1;
+        t->timed[0] = t->timed[1] = 0;
+        t->issued[0] = t->issued[1] = 0;
+        t->untimed = 0;
+      }
+      const int side = t->job_issued[0] <= t->job_issued[1] ? 0 : 1;
+      ++t->job_issued[side];
+      ++t->issued[side];
+      t->runs[side].fetch_add(1, std::memory_order_relaxed);
+      work.timed = t;
+      return side == 0 ? 1 : 0;
+    }
+    if (t->agreed >= 0) {
+      slot = CachedThreads{name, cls, gen, t, t->agreed};
+      t->runs[t->agreed == 1 ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+      return t->agreed;
+    }
+    work.threads_at_run = t;
+    return 0;
   }
-  // A trial: the side issued less often so far, timed on the worker.
+  if (t->agreed >= 0 || known(t->source)) {
+    const int threads = t->agreed >= 0 ? t->agreed : t->threads.load();
+    slot = CachedThreads{name, cls, gen, t, threads};
+    t->runs[threads == 1 ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+    return threads;
+  }
   t->source = Source::kPending;
+  // A trial: the side issued less often so far, timed on the worker.
   const int side = t->issued[0] <= t->issued[1] ? 0 : 1;
   ++t->issued[side];
   t->runs[side].fetch_add(1, std::memory_order_relaxed);
   work.timed = t;
   return side == 0 ? 1 : 0;
+}
+
+// ------------------------------------------------------------ agreement (registration)
+
+void addAgreement(const void* owner, std::shared_ptr<Agreement> agreement) {
+  static const bool enabled = ::axon::rt::env_bool("AXON_KERNEL_SELECT_AGREE", true);
+  if (!enabled) return;
+  bool first;
+  {
+    std::lock_guard<std::mutex> g(agreement_mutex);
+    first = agreements.empty();
+    agreements.emplace_back(owner, std::move(agreement));
+    if (first) agreement_on = true;
+  }
+  if (first) {  // a new job: its store knows none of our choices
+    std::lock_guard<std::mutex> g(table_mutex);
+    forgetAgreedLocked();
+  }
+}
+
+void removeAgreement(const void* owner) {
+  bool changed = false;
+  {
+    std::lock_guard<std::mutex> g(agreement_mutex);
+    for (auto it = agreements.begin(); it != agreements.end(); ++it) {
+      if (it->first != owner) continue;
+      changed = it == agreements.begin();
+      agreements.erase(it);
+      break;
+    }
+    if (agreements.empty()) agreement_on = false;
+  }
+  std::lock_guard<std::mutex> g(table_mutex);
+  // Another store serves (the job's choices stay, and are proposed to it),
+  // or none: what was agreed stays this process's choice.
+  if (changed && !agreements.empty()) forgetAgreedLocked();
+  decided.notify_all();
 }
 
 // ------------------------------------------------------------ inspection
@@ -1110,12 +1531,18 @@ std::vector<Row> table() {
   }
   static const char* const sources[] = {"measuring", "measured", "loaded", "not measured"};
   for (const auto& [k, e] : sorted) {
-    const bool has = known(e->source) && e->auto_variant >= 0;
-    const Choice c = has ? variantChoice(e->auto_variant) : Choice{Impl::kOwn, 1};
+    // The job's choice where ranks agreed on one, else this process's.
+    const bool agreed = e->agreed >= 0;
+    const bool has = agreed || (known(e->source) && e->auto_variant >= 0);
+    const Choice c = agreed ? variantChoice(e->agreed)
+                     : has  ? variantChoice(e->auto_variant)
+                            : Choice{Impl::kOwn, 1};
+    std::string source = sources[static_cast<int>(e->source)];
+    if (agreed) source = known(e->source) ? source + ", agreed" : "agreed";
     rows.push_back(Row{kOpNames[static_cast<int>(e->key.op)], dtypeName(e->key.dtype),
                        shapeName(e->key), layoutName(e->key), has ? implName(c.impl) : "-",
-                       has ? threadsName(c.threads) : "-", sources[static_cast<int>(e->source)],
-                       e->us, e->own_runs.load(), e->library_runs.load(), e->samples});
+                       has ? threadsName(c.threads) : "-", source, e->us, e->own_runs.load(),
+                       e->library_runs.load(), e->samples});
   }
   return rows;
 }
@@ -1129,10 +1556,14 @@ std::vector<ThreadRow> threadTable() {
   std::map<std::string, ThreadRow> sorted;
   for (const auto& [k, t] : thread_entries) {
     if (t->source == Source::kUnmeasured && t->runs[0].load() + t->runs[1].load() == 0) continue;
+    std::string source = sources[static_cast<int>(t->source)];
+    if (t->agreed >= 0) source = known(t->source) ? source + ", agreed" : "agreed";
     sorted[fileThreadKey(t->kernel, t->elements)] = ThreadRow{
         t->kernel, "<=2^" + std::to_string(t->elements),
-        known(t->source) ? threadsName(t->threads) : "-", sources[static_cast<int>(t->source)],
-        t->best[0], t->best[1], t->runs[0].load(), t->runs[1].load(), t->samples};
+        t->agreed >= 0     ? threadsName(t->agreed)
+        : known(t->source) ? threadsName(t->threads)
+                           : "-",
+        source, t->best[0], t->best[1], t->runs[0].load(), t->runs[1].load(), t->samples};
   }
   for (const auto& [key, f] : file_threads) {
     sorted.try_emplace(key, ThreadRow{f.kernel, "<=2^" + std::to_string(f.elements),
@@ -1193,6 +1624,11 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
       e->library_runs = 0;
       e->samples = 0;
       e->confirm = false;
+      e->agreed = -1;
+      e->agreed_mask = 0;
+      e->job_trial = false;
+      e->job_issued = {};
+      e->job_recorded = 0;
     }
     for (auto& [k, t] : thread_entries) {
       t->source = Source::kUnmeasured;
@@ -1205,11 +1641,16 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
       t->runs[1] = 0;
       t->samples = 0;
       t->confirm = false;
+      t->job_trial = false;
+      t->job_issued[0] = t->job_issued[1] = 0;
+      t->job_recorded = 0;
+      t->agreed = -1;
     }
     file_threads.clear();
     loaded = false;
     dirty = false;
     bump();
+    decided.notify_all();
   });
   // Writes the tables' new entries to the file now (else: at most once a
   // second while entries come in, and at exit).

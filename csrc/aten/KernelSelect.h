@@ -65,6 +65,30 @@
 //   choice (selection) or the trials (thread policy).
 // - Inspect: torch_axon._C._kernel_select_table(), _thread_policy_table(),
 //   python -m torch_axon.tune.
+//
+// Agreement between the processes of a job (torch.distributed ranks): ranks
+// that compute the same thing must run the same variants and thread counts
+// at every launch, which round differently, or replicated DTensors, DDP's and
+// FSDP's replicas and everything computed from them drift apart by an ulp (on
+// CUDA identical GPUs take cuBLAS's same heuristic).  While a process group
+// of more than one rank lives (ProcessGroupAxon registers its store; the
+// first one still alive serves), each decision of (1) and (2) is the job's:
+// the first process to decide a key writes its choice to the store, and
+// every process runs the store's choice.  What a launch runs depends only on
+// the launches of its key before it:
+// - selection of out-of-place kernels: a process that finds the store's
+//   choice measures nothing; a measuring launch runs the job's choice last;
+//   launches queued while the key is measured measure too, or run the job's
+//   choice if it is known when they run;
+// - kernels that update their inputs (chooseTrial, the thread policy): the
+//   job's first kTrialRuns + 1 launches per variant are trials in every
+//   process, whatever its table file, the store or earlier trials say; later
+//   launches decide on the stream worker when they run (after the trials on
+//   that stream), waiting for the job's choice (kDecisionWait; then the
+//   job's default, agreed the same way).
+// The table file keeps each process's own measurements.
+// AXON_KERNEL_SELECT_AGREE=0: no agreement.  A store that fails turns
+// agreement off with a warning.
 #pragma once
 
 #include <algorithm>
@@ -72,6 +96,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -153,6 +178,19 @@ struct Decision {
 };
 Decision choose(const Key& key);
 
+// The job's store as kselect sees it (see "Agreement" above).
+class Agreement {
+ public:
+  virtual ~Agreement() = default;
+  // The job's value of key, or "" when it has none yet.
+  virtual std::string get(const std::string& key) = 0;
+  // Sets key to value unless it has a value; returns the job's value.
+  virtual std::string propose(const std::string& key, const std::string& value) = 0;
+};
+// Registered by a process group (owner) of more than one rank while it lives.
+void addAgreement(const void* owner, std::shared_ptr<Agreement> agreement);
+void removeAgreement(const void* owner);
+
 // Runs the variants in `mask` (see above), records the winner,
 // runs it last.  On the stream worker.
 void measure(const Key& key, uint8_t mask, const std::function<void()>& own,
@@ -188,9 +226,18 @@ struct TrialDecision {
   Choice choice;
   void* trial = nullptr;  // the key's entry while it is a trial
   int variant = 0;
+  // Agreement: the trials are issued, the job's choice is not known yet: the
+  // launch decides when it runs (decidedVariant), among `allowed`.
+  bool deferred = false;
+  uint8_t allowed = 0;
 };
 TrialDecision chooseTrial(const Key& key);
 void recordTrial(void* trial, int variant, double us);
+// On the stream worker: the variant a deferred launch runs (the job's
+// choice, waiting for it while the trials are out).
+int decidedVariant(void* trial, uint8_t allowed);
+// Sets the worker's threads for variant v.
+void setVariantThreads(int v);
 
 template <typename Fn>
 class TrialWork final : public Work, public TimedRun {
@@ -210,6 +257,19 @@ template <typename MakeOwn, typename MakeLibrary>
 void launchSelectedInPlace(c10::DeviceIndex device, const char* name, const Key& key,
                            const MakeOwn& make_own, const MakeLibrary& make_library) {
   const TrialDecision d = chooseTrial(key);
+  if (d.deferred) {
+    auto library = [library = make_library()]() mutable {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      library();
+    };
+    launch(device, name, [own = make_own(), library = std::move(library), d]() mutable {
+      const int v = decidedVariant(d.trial, d.allowed);
+      setVariantThreads(v);
+      if (v < 2) own();
+      else library();
+    }, /*threads=*/1);
+    return;
+  }
   auto go = [&](auto fn) {
     auto work = std::make_unique<TrialWork<decltype(fn)>>(std::move(fn), d);
     if (d.trial != nullptr) work->timed = work.get();

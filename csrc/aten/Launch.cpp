@@ -90,7 +90,11 @@ void launchChecked(c10::DeviceIndex device, const char* name, uint64_t signature
   CollectWarnings collect;
   {
     c10::WarningUtils::WarningHandlerGuard guard(&collect);
-    const KernelThreadsScope team(threads);  // the device's numbers, not the host's
+    // The device's numbers, not the host's (a deferred decision: the stream
+    // is synchronised, so its trials have run).
+    const KernelThreadsScope team(work->threads_at_run != nullptr
+                                      ? work->threads_at_run->threadsAtRun()
+                                      : threads);
     try {
       work->run();
     } catch (...) {

@@ -172,6 +172,7 @@ namespace {
 // dropped if quiet, a c10::Error's message without the worker's backtrace,
 // and the timing a trial asked for.
 void runWork(Work& w, int threads) {
+  if (w.threads_at_run != nullptr) threads = w.threads_at_run->threadsAtRun();
   setKernelThreads(threads);
   const auto t0 = w.timed != nullptr ? std::chrono::steady_clock::now()
                                      : std::chrono::steady_clock::time_point();
@@ -207,7 +208,8 @@ void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> wor
   // launch the runtime refuses, is not freed.)
   Work* w = work.release();
   rt::FusibleTask* fusible =
-      w->fusible != nullptr && threads == 1 && w->timed == nullptr && adaptiveEager()
+      w->fusible != nullptr && threads == 1 && w->timed == nullptr &&
+              w->threads_at_run == nullptr && adaptiveEager()
           ? w->fusible
           : nullptr;
   std::function<void()> fn = [w, threads] {

@@ -37,6 +37,17 @@ class TimedRun {
   ~TimedRun() = default;
 };
 
+// The thread policy's deferred decision (aten/KernelSelect.h, agreement
+// between ranks): a launch that carries one runs on the threads it returns
+// when the worker gets to it, not on those of the launch.
+class ThreadsAtRun {
+ public:
+  virtual int threadsAtRun() = 0;
+
+ protected:
+  ~ThreadsAtRun() = default;
+};
+
 // One kernel's work: what it captured and how to run it, in one allocation
 // (a launch allocates nothing else).  Owned by the launch until it has run,
 // then by the finished list until the host releases it.  Launched during a
@@ -56,6 +67,8 @@ class Work {
   // Set by the kernel selection for a timed trial (the thread policy's
   // entry, which is never freed, or the work itself).
   TimedRun* timed = nullptr;
+  // Set by the thread policy when the threads are decided at the run.
+  ThreadsAtRun* threads_at_run = nullptr;
   // Adaptive eager (aten/Fusion.h): set when the kernel may run fused with
   // the kernels queued next to it.  Offered to the stream only when it runs
   // on the worker alone and is not a trial.

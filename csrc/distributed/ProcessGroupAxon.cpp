@@ -10,7 +10,9 @@
 #include <c10/util/Exception.h>
 
 #include <axon/comm_config.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "../aten/KernelSelect.h"
 #include "../core/AxonRuntime.h"
 #include "CommTypes.h"
 #include "WorkAxon.h"
@@ -31,6 +33,37 @@ int64_t total(const std::vector<at::Tensor>& ts) {
   for (const at::Tensor& t : ts) n += t.numel();
   return n;
 }
+// The job's store for the kernel selection's agreement between ranks
+// (KernelSelect.h): the store under every group's prefixes, so that all the
+// job's groups share one choice per key, through a connection of its own
+// (stream workers call it; a TCPStore client serialises its calls, and the
+// host may be blocked in a get() on the group's connection).
+class StoreAgreement final : public kselect::Agreement {
+ public:
+  explicit StoreAgreement(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {
+    while (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(store_.get())) {
+      store_ = prefixed->getUnderlyingStore();
+    }
+    try {
+      store_ = store_->clone();
+    } catch (const std::exception&) {  // a store that cannot clone: shared
+    }
+  }
+  std::string get(const std::string& key) override {
+    if (!store_->check({key})) return "";
+    const std::vector<uint8_t> v = store_->get(key);
+    return std::string(v.begin(), v.end());
+  }
+  std::string propose(const std::string& key, const std::string& value) override {
+    const std::vector<uint8_t> v =
+        store_->compareSet(key, {}, std::vector<uint8_t>(value.begin(), value.end()));
+    return std::string(v.begin(), v.end());
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
 }  // namespace
 namespace {
 
@@ -80,9 +113,11 @@ ProcessGroupAxon::ProcessGroupAxon(const c10::intrusive_ptr<c10d::Store>& store,
     throwDistError(e.what());
   }
   runner_ = std::make_unique<OpRunner>(rank, shm_, timeout, inline_bytes);
+  if (size > 1) kselect::addAgreement(this, std::make_shared<StoreAgreement>(store));
 }
 
 ProcessGroupAxon::~ProcessGroupAxon() {
+  kselect::removeAgreement(this);
   // Stream work holds the transport; let it finish before the group goes.
   // Wait without consuming errors: a failure of that work (a recv that timed
   // out) stays pending on the communication stream, and the next

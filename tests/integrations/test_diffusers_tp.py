@@ -194,13 +194,10 @@ def tp_run(tmp_path_factory):
                "qwen": qwen_model()(**qwen_inputs()).sample}
     # Outputs far from zero at the tolerances: a wrong shard or a missing all-reduce shows.
     assert ref[torch.float32].abs().mean() > 0.1 and ref["qwen"].abs().mean() > 0.1
-    # Kernel choices fixed on every rank: each process measures its own kernel
-    # selection and thread policy, and two ranks timing the same shape class under
-    # load can choose differently, so the redundant (replicated) parts of the model
-    # would differ by an ulp between ranks and the bitwise cross-rank checks below
-    # would test the timing, not the sharding.  (Agreeing on the choices across a
-    # process group is open work; see the closing notes.)
-    env = {"AXON_KERNEL_SELECT": "own", "AXON_KERNEL_THREADS": "team"}
+    # Kernel choices by measurement (auto), as a user runs it: the ranks agree on them
+    # through the process group's store, so the replicated parts of the model match to
+    # the bit across ranks (the cross-rank checks below).
+    env = {"AXON_KERNEL_SELECT": "auto", "AXON_KERNEL_THREADS": "auto"}
     return ref, unship(run_ranks(_tp_rank, WORLD, str(path), env=env))
 
 

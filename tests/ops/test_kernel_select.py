@@ -325,9 +325,11 @@ def test_auto_measures_once_persists_and_follows_a_table(monkeypatch, isolated):
     assert entry["op"] == "linear" and entry["choice"] == row[4] and entry["threads"] == row[5]
     assert entry["shape"] == "m<=1 k<=64 n<=128"
     assert entry["own_worker_us"] == pytest.approx(row[7], rel=1e-4)
-    # a table that says otherwise decides, with no measurement
+    # a table that says otherwise decides, with no measurement (times far enough apart
+    # not to be a close call, which one measurement would not settle)
     for forced, threads in (("library", "team"), ("own", "worker")):
-        entry.update(choice=forced, threads=threads, own_worker_us=2.0, library_worker_us=1.0)
+        entry.update(choice=forced, threads=threads, own_worker_us=2.0, library_worker_us=1.0,
+                     own_team_us=4.0, library_team_us=8.0)
         with open(path, "w") as f:
             json.dump(data, f, indent=1)
         torch.ops.axon._kernel_select_reset()
