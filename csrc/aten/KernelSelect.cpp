@@ -1624,11 +1624,6 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
       e->library_runs = 0;
       e->samples = 0;
       e->confirm = false;
-      e->agreed = -1;
-      e->agreed_mask = 0;
-      e->job_trial = false;
-      e->job_issued = {};
-      e->job_recorded = 0;
     }
     for (auto& [k, t] : thread_entries) {
       t->source = Source::kUnmeasured;
@@ -1641,15 +1636,11 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
       t->runs[1] = 0;
       t->samples = 0;
       t->confirm = false;
-      t->job_trial = false;
-      t->job_issued[0] = t->job_issued[1] = 0;
-      t->job_recorded = 0;
-      t->agreed = -1;
     }
+    forgetAgreedLocked();  // and bumps
     file_threads.clear();
     loaded = false;
     dirty = false;
-    bump();
     decided.notify_all();
   });
   // Writes the tables' new entries to the file now (else: at most once a
