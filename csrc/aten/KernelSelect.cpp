@@ -738,7 +738,8 @@ uint8_t measuredMask(const Entry& e) {
 
 // A deferred launch waits at most this long on its worker for the job's
 // choice (its trials run on another stream that may be waiting for this
-// one), then runs this process's.
+// one), then proposes this process's (its table's, else the default) and
+// runs the job's.
 constexpr auto kDecisionWait = std::chrono::seconds(10);
 
 std::mutex& agreement_mutex = *new std::mutex;
@@ -751,8 +752,13 @@ std::condition_variable& decided = *new std::condition_variable;
 
 bool agreementOn() { return agreement_on.load(std::memory_order_acquire); }
 
+// Bumped when a job begins (or the tables are forgotten): a decision whose
+// store call began before is dropped.  Guarded by table_mutex.
+uint64_t job_epoch = 0;
+
 // Forgets the job's choices (a new store serves): they are agreed again.
 void forgetAgreedLocked() {
+  ++job_epoch;
   for (auto& [k, e] : entries) {
     e->agreed = -1;
     e->agreed_mask = 0;
@@ -962,10 +968,11 @@ Lookup lookup(const Key& key) {
       // process's, looked up before measuring (a measurement's launch runs
       // the job's choice last, so its result does not depend on who measured).
       const uint8_t allowed = l.allowed;
+      const uint64_t epoch = job_epoch;
       l.lock.unlock();
       v = agreeVariant(packed, allowed, v);
       l.lock.lock();
-      if (v >= 0 && agreementOn()) {
+      if (v >= 0 && agreementOn() && epoch == job_epoch) {
         e.agreed = v;
         e.agreed_mask = allowed;
       }
@@ -1108,7 +1115,12 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
     library();
   }
   bool agreed = false;
-  if (library_ok && agreementOn()) {
+  uint64_t epoch = 0;
+  if (agreementOn()) {
+    {
+      std::lock_guard<std::mutex> g(table_mutex);
+      epoch = job_epoch;
+    }
     // The job's choice (a variant this worker cannot time, a team without
     // threads, runs all the same).
     int proposal = winner;  // a worker without a team timed team variants alone
@@ -1118,11 +1130,18 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
     agreed = agreementOn();
     if (agreed) winner = a;
   }
+  if (isLibrary(winner) && !library_ok) {
+    // The job's choice is ATen's kernel, which threw here: its error is the
+    // launch's.
+    setKernelThreads(isTeam(winner) ? 0 : 1);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    library();
+  }
   if (winner != last) run(winner);
   const Impl impl = variantChoice(winner).impl;
   std::lock_guard<std::mutex> g(table_mutex);
   Entry& e = *entries.at(key.packed());
-  if (agreed) {
+  if (agreed && epoch == job_epoch) {
     e.agreed = winner;
     e.agreed_mask = allowed;
   }
@@ -1273,12 +1292,16 @@ void recordTrial(void* trial, int variant, double us) {
                                                       : best(e.us, allowed, e.key.op);
     if (local < 0) local = __builtin_ctz(allowed);  // every variant failed
     const uint64_t packed = e.key.packed();
+    const uint64_t epoch = job_epoch;
     e.deciding = true;
     g.unlock();
     const int a = agreeVariant(packed, allowed, local);
     g.lock();
     e.deciding = false;
-    if (e.source != Source::kPending) return;  // forgotten meanwhile
+    if (e.source != Source::kPending || epoch != job_epoch) {  // forgotten meanwhile
+      decided.notify_all();
+      return;
+    }
     if (agreementOn()) {
       e.agreed = a;
       e.agreed_mask = allowed;
@@ -1293,32 +1316,40 @@ void recordTrial(void* trial, int variant, double us) {
 int decidedVariant(void* trial, uint8_t allowed) {
   Entry& e = *static_cast<Entry*>(trial);
   std::unique_lock<std::mutex> g(table_mutex);
+  const auto agreed = [&] { return e.agreed >= 0 && e.agreed_mask == allowed; };
   const auto ready = [&] {
-    return (e.agreed >= 0 && e.agreed_mask == allowed) ||
-           (e.source != Source::kPending && !e.deciding) || !agreementOn();
+    return agreed() || (e.source != Source::kPending && !e.deciding) || !agreementOn();
   };
-  if (!ready() && !decided.wait_for(g, kDecisionWait, ready)) {
-    // Still not decided: the job's default, as every rank whose wait ends so
-    // (a rank whose trials ended first may have written its choice: taken).
-    const uint64_t packed = e.key.packed();
-    g.unlock();
-    warnDecisionWait(std::string("a launch of ") + kOpNames[static_cast<int>(unpack(packed).op)]);
-    const int a = agreeVariant(packed, allowed, __builtin_ctz(allowed));
-    g.lock();
-    if (agreementOn() && !(e.agreed >= 0 && e.agreed_mask == allowed)) {
-      e.agreed = a;
-      e.agreed_mask = allowed;
-      bump();
-    }
-  }
+  bool waited_out = false;
+  if (!ready()) waited_out = !decided.wait_for(g, kDecisionWait, ready);
+  // This process's choice: its table's, else the default.
   int v = __builtin_ctz(allowed);
-  if (e.agreed >= 0 && e.agreed_mask == allowed) {
-    v = e.agreed;
-  } else if (known(e.source) && (allowed & ~measuredMask(e)) == 0) {
+  if (known(e.source) && (allowed & ~measuredMask(e)) == 0) {
     const int b = allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant
                                                         : best(e.us, allowed, e.key.op);
     if (b >= 0) v = b;
   }
+  if (!agreed() && agreementOn()) {
+    // Not the job's yet (the trials are still out after the wait, or were
+    // decided under other modes): proposed, so that every rank whose launch
+    // ends here runs the same (a rank whose trials ended first may have
+    // written its choice: taken).
+    const uint64_t packed = e.key.packed();
+    const uint64_t epoch = job_epoch;
+    g.unlock();
+    if (waited_out) warnDecisionWait(std::string("a launch of ") +
+                                     kOpNames[static_cast<int>(unpack(packed).op)]);
+    const int a = agreeVariant(packed, allowed, v);
+    g.lock();
+    if (agreementOn() && epoch == job_epoch && !agreed()) {
+      e.agreed = a;
+      e.agreed_mask = allowed;
+      bump();
+      decided.notify_all();
+    }
+    v = a;
+  }
+  if (agreed()) v = e.agreed;
   count(e, variantChoice(v).impl);
   return v;
 }
@@ -1359,12 +1390,16 @@ void ThreadEntry::record(int threads, double us) {
   }
   this->threads = best[0] >= 0 && best[1] >= 0 && teamHandicapped(team, best[1]) < best[0] ? 0 : 1;
   if (job_trial && agreementOn()) {
+    const uint64_t epoch = job_epoch;
     deciding = true;
     g.unlock();
     const int a = agreeThreads(kernel, elements, this->threads);
     g.lock();
     deciding = false;
-    if (source != Source::kPending) return;  // forgotten meanwhile
+    if (source != Source::kPending || epoch != job_epoch) {  // forgotten meanwhile
+      decided.notify_all();
+      return;
+    }
     if (agreementOn()) agreed = a;
   }
   source = Source::kMeasured;
@@ -1378,20 +1413,24 @@ int ThreadEntry::threadsAtRun() {
   const auto ready = [&] {
     return agreed >= 0 || (source != Source::kPending && !deciding) || !agreementOn();
   };
-  if (!ready() && !decided.wait_for(g, kDecisionWait, ready)) {
-    // Still not decided: the job's default (the worker), as every rank whose
-    // wait ends so (a rank whose trials ended first may have written its
-    // choice: taken).
+  bool waited_out = false;
+  if (!ready()) waited_out = !decided.wait_for(g, kDecisionWait, ready);
+  int t = known(source) ? threads.load() : 1;  // this process's, else the worker
+  if (agreed < 0 && agreementOn()) {
+    // As decidedVariant: proposed, so that every rank ending here agrees.
+    const uint64_t epoch = job_epoch;
     g.unlock();
-    warnDecisionWait("a launch of " + kernel);
-    const int a = agreeThreads(kernel, elements, 1);
+    if (waited_out) warnDecisionWait("a launch of " + kernel);
+    const int a = agreeThreads(kernel, elements, t);
     g.lock();
-    if (agreementOn() && agreed < 0) {
+    if (agreementOn() && epoch == job_epoch && agreed < 0) {
       agreed = a;
       bump();
+      decided.notify_all();
     }
+    t = a;
   }
-  const int t = agreed >= 0 ? agreed : known(source) ? threads.load() : 1;
+  if (agreed >= 0) t = agreed;
   runs[t == 1 ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
   return t;
 }
@@ -1485,35 +1524,32 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
 void addAgreement(const void* owner, std::shared_ptr<Agreement> agreement) {
   static const bool enabled = ::axon::rt::env_bool("AXON_KERNEL_SELECT_AGREE", true);
   if (!enabled) return;
-  bool first;
-  {
-    std::lock_guard<std::mutex> g(agreement_mutex);
-    first = agreements.empty();
-    agreements.emplace_back(owner, std::move(agreement));
-    if (first) agreement_on = true;
-  }
-  if (first) {  // a new job: its store knows none of our choices
-    std::lock_guard<std::mutex> g(table_mutex);
+  std::lock_guard<std::mutex> g(agreement_mutex);
+  agreements.emplace_back(owner, std::move(agreement));
+  if (agreements.size() == 1) {
+    // A new job: its store knows none of our choices, and its trials start
+    // now.  (The only place that holds both locks: agreement_mutex first.)
+    std::lock_guard<std::mutex> t(table_mutex);
     forgetAgreedLocked();
+    agreement_on = true;
   }
 }
 
 void removeAgreement(const void* owner) {
-  bool changed = false;
   {
     std::lock_guard<std::mutex> g(agreement_mutex);
     for (auto it = agreements.begin(); it != agreements.end(); ++it) {
       if (it->first != owner) continue;
-      changed = it == agreements.begin();
       agreements.erase(it);
       break;
     }
     if (agreements.empty()) agreement_on = false;
   }
+  // Another group of the job serves (the same store under its prefixes: the
+  // job's choices and trials go on, with no restart that the ranks could
+  // reach at different launches), or none: what was agreed stays this
+  // process's choice.
   std::lock_guard<std::mutex> g(table_mutex);
-  // Another store serves (the job's choices stay, and are proposed to it),
-  // or none: what was agreed stays this process's choice.
-  if (changed && !agreements.empty()) forgetAgreedLocked();
   decided.notify_all();
 }
 
