@@ -1480,6 +1480,7 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
       t->job_issued[0] = t->job_issued[1] = 0;
       t->job_recorded = 0;
       t->agreed = -1;
+      t->source = Source::kUnmeasured;  // earlier trials' timings start over below
     }
     if (t->job_issued[0] <= kTrialRuns || t->job_issued[1] <= kTrialRuns) {
       if (t->source != Source::kPending) {  // this job's trials (again, if decided early)
