@@ -15,6 +15,8 @@ Every launch's result is kept and compared across ranks bit for bit, and with th
   setup gives different bits, which shows the check can fail.
 - Uneven history: no files; before the job the ranks ran the ops a different number of
   times (rank 0 finished its trials and measurements, rank 1 is in the middle of them).
+- Lost store: rank 0 (the store's server) exits; rank 1's next choice warns once and it
+  goes on alone with correct results.
 """
 
 from __future__ import annotations
@@ -211,3 +213,44 @@ def test_uneven_history_agrees(tmp_path):
     for r in (r0, r1):
         _check_cpu(r["out"], t)
     _same_on_both(r0, r1)
+
+
+def _store_lost(rank, world, out_path):
+    import datetime
+
+    dist.init_process_group("axon", timeout=datetime.timedelta(seconds=10))
+    dist.barrier()
+    if rank == 0:
+        os._exit(0)  # the store's server goes with it
+    import time
+
+    time.sleep(1.0)
+    t = _inputs()
+    # A key no rank has chosen yet: the store is asked, fails, and this rank chooses alone.
+    err = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    saved = os.dup(2)
+    os.dup2(err, 2)
+    try:
+        got = torch.nn.functional.linear(t["x2"].axon(), t["w2"].axon()).cpu()
+        torch.axon.synchronize()
+    finally:
+        os.dup2(saved, 2)
+        os.close(err)
+    with open(out_path) as f:
+        return {"stderr": f.read(), "got": got}
+
+
+def test_lost_store_warns_and_goes_on_alone(tmp_path):
+    """The store's server (rank 0) is gone: the next choice warns once and the rank goes
+    on choosing alone, with correct results."""
+    results = run_ranks(_store_lost, 2, str(tmp_path / "stderr.txt"), timeout=120,
+                        allow_failures=True)
+    r1 = results[1]
+    assert isinstance(r1, dict), r1
+    t = _inputs()
+    torch.testing.assert_close(r1["got"], torch.nn.functional.linear(t["x2"], t["w2"]),
+                               **tol(torch.float32, True))
+    assert r1["stderr"].count("axon: kernel selection cannot reach the process group's "
+                              "store (") == 1, r1["stderr"]
+    assert "from now on this process chooses kernels and threads alone" in r1["stderr"]
+
