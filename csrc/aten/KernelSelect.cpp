@@ -734,6 +734,22 @@ uint8_t measuredMask(const Entry& e) {
   return m;
 }
 
+// The table's choice among `allowed` from e's times (the full auto mode's
+// recorded choice when every variant is allowed), or -1 when it has none.
+int tableVariant(const Entry& e, uint8_t allowed) {
+  if ((allowed & ~measuredMask(e)) != 0) return -1;
+  return allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant : best(e.us, allowed, e.key.op);
+}
+
+// Runs variant v of a selection on this worker (ATen's kernel without
+// autograd: its nested ops work on plain CPU buffers).
+void runVariant(int v, const std::function<void()>& own, const std::function<void()>& library) {
+  setKernelThreads(isTeam(v) ? 0 : 1);
+  if (!isLibrary(v)) return own();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  library();
+}
+
 // ------------------------------------------------------------ agreement
 
 // A deferred launch waits at most this long on its worker for the job's
@@ -861,6 +877,9 @@ struct CachedThreads {
 };
 constexpr size_t kCacheSlots = 64;
 thread_local std::array<CachedChoice, kCacheSlots> choice_cache;
+CachedChoice& choiceSlot(uint64_t packed) {
+  return choice_cache[(packed * 0x9e3779b97f4a7c15ULL) >> 58];
+}
 thread_local std::array<CachedThreads, kCacheSlots> threads_cache;
 
 void count(Entry& e, Impl impl) {
@@ -934,7 +953,7 @@ struct Lookup {
 Lookup lookup(const Key& key) {
   const uint64_t packed = key.packed();
   const uint64_t gen = generation.load(std::memory_order_acquire);
-  CachedChoice& slot = choice_cache[(packed * 0x9e3779b97f4a7c15ULL) >> 58];
+  CachedChoice& slot = choiceSlot(packed);
   if (slot.packed == packed && slot.generation == gen) {
     count(*slot.entry, slot.choice.impl);
     Lookup hit;
@@ -956,13 +975,8 @@ Lookup lookup(const Key& key) {
   } else if (e.agreed >= 0 && e.agreed_mask == l.allowed) {
     l.choice = variantChoice(e.agreed);  // the job's
   } else {
-    int v = -1;
-    if (known(e.source) && !e.confirm && (l.allowed & ~measuredMask(e)) == 0 &&
-        best(e.us, l.allowed, key.op) >= 0) {
-      // The table's choice (as measured, or as someone edited the file) when
-      // the modes leave every variant open.
-      v = l.allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant : best(e.us, l.allowed, key.op);
-    }
+    // The table's choice (as measured, or as someone edited the file).
+    int v = known(e.source) && !e.confirm ? tableVariant(e, l.allowed) : -1;
     if (agreementOn() && (v >= 0 || e.source != Source::kPending)) {
       // The job's choice: ours proposed when we have one, else another
       // process's, looked up before measuring (a measurement's launch runs
@@ -1025,10 +1039,7 @@ void measure(const Key& key, uint8_t mask, const std::function<void()>& own,
     }
   }
   if (agreed >= 0) {  // a launch queued while the key was measured: the job's choice
-    setVariantThreads(agreed);
-    if (!isLibrary(agreed)) return own();
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return library();
+    return runVariant(agreed, own, library);
   }
   try {
     measureVariants(key, mask, own, library);
@@ -1110,9 +1121,7 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
     // its error is the launch's.
     TORCH_INTERNAL_ASSERT((mask & 0b0011) == 0 && mask != 0);
     winner = __builtin_ctz(mask);
-    setKernelThreads(isTeam(winner) ? 0 : 1);
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    library();
+    runVariant(winner, own, library);
   }
   bool agreed = false;
   uint64_t epoch = 0;
@@ -1133,9 +1142,7 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
   if (isLibrary(winner) && !library_ok) {
     // The job's choice is ATen's kernel, which threw here: its error is the
     // launch's.
-    setKernelThreads(isTeam(winner) ? 0 : 1);
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    library();
+    runVariant(winner, own, library);
   }
   if (winner != last) run(winner);
   const Impl impl = variantChoice(winner).impl;
@@ -1182,7 +1189,7 @@ void startTrial(Entry& e, uint8_t allowed) {
 TrialDecision chooseTrialInJob(const Key& key) {
   const uint64_t packed = key.packed();
   const uint64_t gen = generation.load(std::memory_order_acquire);
-  CachedChoice& slot = choice_cache[(packed * 0x9e3779b97f4a7c15ULL) >> 58];
+  CachedChoice& slot = choiceSlot(packed);
   if (slot.packed == packed && slot.generation == gen) {
     count(*slot.entry, slot.choice.impl);
     return TrialDecision{slot.choice};
@@ -1288,8 +1295,7 @@ void recordTrial(void* trial, int variant, double us) {
   const uint8_t available = teamAvailable() ? 0xf : 0b0101;
   if ((available & ~issued) == 0) e.auto_variant = best(e.us, available, e.key.op);
   if (e.job_trial && agreementOn()) {
-    int local = allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant
-                                                      : best(e.us, allowed, e.key.op);
+    int local = tableVariant(e, allowed);
     if (local < 0) local = __builtin_ctz(allowed);  // every variant failed
     const uint64_t packed = e.key.packed();
     const uint64_t epoch = job_epoch;
@@ -1323,12 +1329,8 @@ int decidedVariant(void* trial, uint8_t allowed) {
   bool waited_out = false;
   if (!ready()) waited_out = !decided.wait_for(g, kDecisionWait, ready);
   // This process's choice: its table's, else the default.
-  int v = __builtin_ctz(allowed);
-  if (known(e.source) && (allowed & ~measuredMask(e)) == 0) {
-    const int b = allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant
-                                                        : best(e.us, allowed, e.key.op);
-    if (b >= 0) v = b;
-  }
+  int v = known(e.source) ? tableVariant(e, allowed) : -1;
+  if (v < 0) v = __builtin_ctz(allowed);
   if (!agreed() && agreementOn()) {
     // Not the job's yet (the trials are still out after the wait, or were
     // decided under other modes): proposed, so that every rank whose launch
