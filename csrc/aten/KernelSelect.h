@@ -257,15 +257,18 @@ template <typename MakeOwn, typename MakeLibrary>
 void launchSelectedInPlace(c10::DeviceIndex device, const char* name, const Key& key,
                            const MakeOwn& make_own, const MakeLibrary& make_library) {
   const TrialDecision d = chooseTrial(key);
-  if (d.deferred) {
-    auto library = [library = make_library()]() mutable {
+  auto library = [&] {
+    return [library = make_library()]() mutable {
+      // ATen's kernels' nested ops work on plain CPU buffers: no autograd.
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       library();
     };
-    launch(device, name, [own = make_own(), library = std::move(library), d]() mutable {
+  };
+  if (d.deferred) {
+    launch(device, name, [own = make_own(), library = library(), d]() mutable {
       const int v = decidedVariant(d.trial, d.allowed);
       setVariantThreads(v);
-      if (v < 2) own();
+      if (v < 2) own();  // variants 0, 1: ours
       else library();
     }, /*threads=*/1);
     return;
@@ -276,11 +279,7 @@ void launchSelectedInPlace(c10::DeviceIndex device, const char* name, const Key&
     launch(device, name, std::unique_ptr<Work>(std::move(work)), d.choice.threads);
   };
   if (d.choice.impl == Impl::kOwn) return go(make_own());
-  go([library = make_library()]() mutable {
-    // ATen's kernels' nested ops work on plain CPU buffers: no autograd.
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    library();
-  });
+  go(library());
 }
 
 // A kernel's size for the thread policy: the bytes its device tensors hold
