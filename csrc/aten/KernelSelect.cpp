@@ -755,8 +755,12 @@ void runVariant(int v, const std::function<void()>& own, const std::function<voi
 // A deferred launch waits at most this long on its worker for the job's
 // choice (its trials run on another stream that may be waiting for this
 // one), then proposes this process's (its table's, else the default) and
-// runs the job's.
-constexpr auto kDecisionWait = std::chrono::seconds(10);
+// runs the job's.  AXON_KERNEL_SELECT_WAIT: seconds, default 10.
+std::chrono::seconds decisionWait() {
+  static const std::chrono::seconds s(
+      ::axon::rt::env_int("AXON_KERNEL_SELECT_WAIT", 10, 0, 24 * 3600));
+  return s;
+}
 
 std::mutex& agreement_mutex = *new std::mutex;
 // Registered stores, oldest first: the first serves.
@@ -797,7 +801,7 @@ void warnDecisionWait(const std::string& what) {
   std::fprintf(stderr,
                "axon: %s waited %lld s for this process's kernel trials (queued on another "
                "stream); it runs the job's default instead, agreed with the other ranks\n",
-               what.c_str(), static_cast<long long>(kDecisionWait.count()));
+               what.c_str(), static_cast<long long>(decisionWait().count()));
 }
 
 // The job's value of key, proposing `value` unless it is empty; "" when the
@@ -1327,7 +1331,7 @@ int decidedVariant(void* trial, uint8_t allowed) {
     return agreed() || (e.source != Source::kPending && !e.deciding) || !agreementOn();
   };
   bool waited_out = false;
-  if (!ready()) waited_out = !decided.wait_for(g, kDecisionWait, ready);
+  if (!ready()) waited_out = !decided.wait_for(g, decisionWait(), ready);
   // This process's choice: its table's, else the default.
   int v = known(e.source) ? tableVariant(e, allowed) : -1;
   if (v < 0) v = __builtin_ctz(allowed);
@@ -1416,7 +1420,7 @@ int ThreadEntry::threadsAtRun() {
     return agreed >= 0 || (source != Source::kPending && !deciding) || !agreementOn();
   };
   bool waited_out = false;
-  if (!ready()) waited_out = !decided.wait_for(g, kDecisionWait, ready);
+  if (!ready()) waited_out = !decided.wait_for(g, decisionWait(), ready);
   int t = known(source) ? threads.load() : 1;  // this process's, else the worker
   if (agreed < 0 && agreementOn()) {
     // As decidedVariant: proposed, so that every rank ending here agrees.

@@ -84,7 +84,7 @@
 //   job's first kTrialRuns + 1 launches per variant are trials in every
 //   process, whatever its table file, the store or earlier trials say; later
 //   launches decide on the stream worker when they run (after the trials on
-//   that stream), waiting for the job's choice (kDecisionWait; then the
+//   that stream), waiting for the job's choice (AXON_KERNEL_SELECT_WAIT seconds; then the
 //   job's default, agreed the same way).
 // The table file keeps each process's own measurements.
 // AXON_KERNEL_SELECT_AGREE=0: no agreement.  A store that fails turns

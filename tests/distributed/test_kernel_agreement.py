@@ -17,6 +17,9 @@ Every launch's result is kept and compared across ranks bit for bit, and with th
   times (rank 0 finished its trials and measurements, rank 1 is in the middle of them).
 - Lost store: rank 0 (the store's server) exits; rank 1's next choice warns once and it
   goes on alone with correct results.
+- Held-back trials: the trials run on a stream held behind a sleep; launches of the same
+  keys on other streams wait AXON_KERNEL_SELECT_WAIT seconds, warn and run the job's
+  default, the same on both ranks.
 """
 
 from __future__ import annotations
@@ -254,3 +257,108 @@ def test_lost_store_warns_and_goes_on_alone(tmp_path):
                               "store (") == 1, r1["stderr"]
     assert "from now on this process chooses kernels and threads alone" in r1["stderr"]
 
+
+
+WAIT_S = 2  # AXON_KERNEL_SELECT_WAIT in the held-back test
+HOLD_MS = 8000  # the side stream's hold: longer than the waits in a row on one stream
+
+
+def _held_back(rank, world, out_path):
+    """The trials of two keys (the dot's thread policy, fused Adam's variants) are queued
+    on a side stream held behind a sleep; launches of the same keys on two other streams
+    come after every trial was issued, so they decide on their workers, where they wait
+    for trials that have not run."""
+    from torch_axon import _C
+
+    t = _inputs()
+    big = t["big"].axon()
+    # The kernels' first launches (a new signature runs at the call, after the stream's
+    # work): before the job, whose trials start again.
+    torch.dot(big, big)
+    warm = torch.nn.Parameter(t["p"].axon().clone())
+    warm.grad = t["grad"].axon().clone()
+    torch.optim.Adam([warm], lr=1e-2, fused=True).step()
+    torch.axon.synchronize()
+    dist.init_process_group("axon")
+    dist.barrier()
+    dev = torch.axon.current_device()
+    side, third = torch.axon.Stream(), torch.axon.Stream()
+    trial_params = torch.nn.Parameter(t["p"].axon().clone())
+    other_params = torch.nn.Parameter(t["p"].axon().clone())
+    grad = t["grad"].axon()
+    # Every gradient made here: their copies' trials run now, on this stream.
+    grads = [grad.clone() for _ in range(ADAM_TRIALS + 1)]
+    err = os.open(out_path + f".{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    saved = os.dup(2)
+    os.dup2(err, 2)
+    try:
+        side.wait_stream(torch.axon.current_stream())
+        third.wait_stream(torch.axon.current_stream())
+        with torch.axon.stream(side):
+            _C._test_sleep_on_stream(dev, HOLD_MS)
+            dots = [torch.dot(big, big) for _ in range(STEPS)]
+            opt = torch.optim.Adam([trial_params], lr=1e-2, fused=True)
+            for i in range(ADAM_TRIALS):
+                trial_params.grad = grads[i]
+                opt.step()
+        assert not side.query()  # the trials have not run
+        held = torch.dot(big, big)  # on the default stream
+        with torch.axon.stream(third):
+            other_params.grad = grads[-1]
+            torch.optim.Adam([other_params], lr=1e-2, fused=True).step()
+        # Both streams ran their launches after their waits, before the trials ran.
+        torch.axon.current_stream().synchronize()
+        third.synchronize()
+        fell_back_first = not side.query()
+        torch.axon.synchronize()
+    finally:
+        os.dup2(saved, 2)
+        os.close(err)
+    with open(out_path + f".{rank}") as f:
+        stderr = f.read()
+    dist.barrier()
+    return ship({"stderr": stderr, "fell_back_first": fell_back_first, "dots": torch.stack(dots).cpu(), "held": held.cpu(),
+                 "trial_params": trial_params.detach().cpu(),
+                 "other_params": other_params.detach().cpu(),
+                 "sel": _sel(_C), "thr": _thr(_C), "team": torch.get_num_threads() > 1})
+
+
+def test_launches_waiting_for_held_back_trials_fall_back_together(tmp_path):
+    """A launch deciding on its worker waits AXON_KERNEL_SELECT_WAIT seconds for trials
+    queued on another stream (which may be waiting for it), then warns and runs the
+    job's default, agreed between the ranks: the same bits on both, matching the CPU,
+    with no deadlock and one warning per process."""
+    env = {"AXON_KERNEL_SELECT": "auto", "AXON_KERNEL_THREADS": "auto",
+           "AXON_KERNEL_SELECT_CACHE": "0", "AXON_KERNEL_SELECT_WAIT": str(WAIT_S)}
+    r0, r1 = unship(run_ranks(_held_back, 2, str(tmp_path / "stderr"), env=env, timeout=120))
+    t = _inputs()
+    f32 = tol(torch.float32, True)
+    p = torch.nn.Parameter(t["p"].clone())
+    opt = torch.optim.Adam([p], lr=1e-2)
+    for _ in range(ADAM_TRIALS):
+        p.grad = t["grad"].clone()
+        opt.step()
+    q = torch.nn.Parameter(t["p"].clone())
+    q.grad = t["grad"].clone()
+    torch.optim.Adam([q], lr=1e-2).step()
+    dot = torch.dot(t["big"], t["big"])
+    for r in (r0, r1):
+        torch.testing.assert_close(r["dots"], dot.expand_as(r["dots"]), **f32)
+        torch.testing.assert_close(r["held"], dot, **f32)
+        torch.testing.assert_close(r["trial_params"], p.detach(), **f32)
+        torch.testing.assert_close(r["other_params"], q.detach(), **f32)
+        assert r["fell_back_first"]
+        # One warning per process, though both launches waited out.
+        assert r["stderr"].count(f"waited {WAIT_S} s for this process's kernel trials") == 1, \
+            r["stderr"]
+        assert "it runs the job's default instead, agreed with the other ranks" in r["stderr"]
+    for k in ("dots", "held", "trial_params", "other_params"):
+        assert torch.equal(r0[k], r1[k]), k
+    adam0, adam1 = _choices(r0, "adam"), _choices(r1, "adam")
+    assert adam0 and adam0 == adam1
+    assert all("agreed" in v[2] for (o, _), v in r0["sel"].items() if o == "adam")
+    if r0["team"]:
+        # The fallback (the worker alone) is the job's, though the trials ran afterwards.
+        assert r0["thr"] and _threads(r0) == _threads(r1)
+        assert set(_threads(r0).values()) == {"worker"}, r0["thr"]
+        assert all("agreed" in v[1] for v in r0["thr"].values())
