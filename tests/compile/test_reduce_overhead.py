@@ -167,7 +167,19 @@ def test_new_shapes_record_new_graphs(replays):
     assert counters["inductor"]["cudagraph_skips"] == 0
 
 
-def test_static_input_at_new_address_rerecords(replays, skip_messages):
+def _graphs_alive() -> int:
+    """Recorded axon graphs (reduce-overhead) that are alive."""
+    from torch_axon.integrations.torch_compile import _Recording
+
+    gc.collect()
+    return sum(type(o) is _Recording and o.outputs is not o.owned
+               for o in gc.get_objects())
+
+
+def test_static_input_at_new_address_records_a_graph_for_it(replays, skip_messages):
+    """A parameter that moves gets a graph at its new address (as cudagraph trees record
+    a node for it, not counted against the re-record limit); the graph of the freed one
+    is released, so moving it again and again does not pile graphs up."""
     from torch._inductor import config
 
     torch.manual_seed(0)
@@ -178,17 +190,115 @@ def test_static_input_at_new_address_rerecords(replays, skip_messages):
         for _ in range(3):
             compiled(x)
         assert len(replays) == 2
-        for k in range(2):
+        base = _graphs_alive()
+        for k in range(4):
             lin.weight.data = torch.randn(8, 8, device=DEV)  # the parameter moves
-            out = compiled(x)
-            torch.testing.assert_close(out.cpu(), lin(x).cpu(), **tol(torch.float32, accum=True))
-        # The first move re-records (one more replay); the second exceeds the
-        # limit: the compiled code runs without a graph from then on.
-        assert len(replays) == 3
-        compiled(x)
-        assert len(replays) == 3
-    assert any("skipping cudagraphs due to static input data pointer changed more than 1 times"
+            for _ in range(2):
+                out = compiled(x)
+                torch.testing.assert_close(out.cpu(), lin(x).cpu(),
+                                           **tol(torch.float32, accum=True))
+            assert len(replays) == 4 + 2 * k
+            # The old weight's graph is released once its last output is freed too
+            # (at the next recording): at most one more alive.
+            assert _graphs_alive() <= base + 1
+    assert counters["inductor"]["cudagraph_skips"] == 0, skip_messages
+
+
+class _Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_modules_sharing_compiled_code_keep_their_outputs(replays, skip_messages, dtype):
+    """Regional compilation: blocks of one class compiled one by one share Inductor's
+    code; each gets a graph of its own (the parameters are static inputs), so a block's
+    replay leaves every earlier block's output of the step intact, and every later call
+    replays."""
+    torch.manual_seed(0)
+    blocks = [_Block(32).to(DEV, dtype).eval() for _ in range(4)]
+    ref = [_Block(32).to(dtype).eval() for _ in range(4)]
+    for b, r in zip(blocks, ref):
+        r.load_state_dict({k: v.cpu() for k, v in b.state_dict().items()})
+        b.compile(mode="reduce-overhead")
+    x_cpu = torch.randn(3, 5, 32, dtype=dtype)
+    x = x_cpu.to(DEV)
+    with torch.no_grad():
+        for step in range(4):
+            hs = [x]
+            for b in blocks:
+                hs.append(b(hs[-1]))
+            want = [x_cpu]
+            for r in ref:
+                want.append(r(want[-1]))
+            # Read after the whole step: no block overwrote another's output.
+            for got, exp in zip(hs[1:], want[1:]):
+                torch.testing.assert_close(got.cpu(), exp, **tol(dtype, accum=True))
+            x = hs[-1].clone()
+            x_cpu = want[-1]
+    # Step 0: the first block warms the shared code up, the other three record their
+    # graphs and replay them; step 1 records the first block's; every later call replays.
+    assert len(replays) == 3 + 3 * len(blocks), len(replays)
+    assert counters["inductor"]["cudagraph_skips"] == 0, skip_messages
+
+
+def test_regional_compilation_trains(replays, skip_messages):
+    """Training with blocks of one class compiled one by one: the forward and backward
+    graphs of each block are its own (the backward's static inputs include the forward
+    graph's saved outputs, on new storages at every replay at the same addresses), every
+    call after the first steps replays without recording again, and the parameters
+    follow the CPU's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Block(32) for _ in range(3)])
+    ref = nn.Sequential(*[_Block(32) for _ in range(3)])
+    ref.load_state_dict(model.state_dict())
+    model.to(DEV)
+    for b in model:
+        b.compile(mode="reduce-overhead")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    per_step, alive = [], []
+    for step in range(5):
+        x = torch.randn(4, 8, 32)
+        before = len(replays)
+        for m, o, inp in ((model, opt, x.to(DEV)), (ref, ref_opt, x)):
+            o.zero_grad(set_to_none=True)
+            m(inp).pow(2).mean().backward()
+            o.step()
+        per_step.append(len(replays) - before)
+        alive.append(_graphs_alive())
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.detach().cpu(), q.detach(),
+                                       **tol(torch.float32, accum=True))
+    assert per_step[2:] == [6, 6, 6], per_step  # 3 forward and 3 backward graphs a step
+    assert alive[1] == alive[-1], alive  # no graph recorded again
+    assert counters["inductor"]["cudagraph_skips"] == 0, skip_messages
+
+
+def test_too_many_static_input_sets_skip_graphs(replays, skip_messages):
+    """More modules sharing the code than the re-record limit, all alive: graphs are
+    skipped with Inductor's message, and results stay right."""
+    from torch._inductor import config
+
+    torch.manual_seed(0)
+    mods = [nn.Linear(8, 8).to(DEV).eval() for _ in range(3)]
+    compiled = [torch.compile(m, mode="reduce-overhead") for m in mods]
+    x = torch.randn(2, 8, device=DEV)
+    with torch.no_grad(), config.patch({"triton.cudagraph_unexpected_rerecord_limit": 2}):
+        for _ in range(3):
+            outs = [c(x) for c in compiled]
+            for m, out in zip(mods, outs):
+                torch.testing.assert_close(out.cpu(), m(x).cpu(),
+                                           **tol(torch.float32, accum=True))
+    assert any("skipping cudagraphs due to more than 2 sets of static input data pointers"
                in m for m in skip_messages), skip_messages
+    assert _graphs_alive() == 0
 
 
 def test_cpu_tensor_input_skips_graphs_with_inductor_message(replays, skip_messages):

@@ -192,19 +192,25 @@ def conv_layout_like_cpu(fake_impls) -> None:
 #   static inputs (parameters, buffers, ``mark_static_address`` tensors such as
 #   a StaticCache's) are used in place; the other tensor inputs are copied into
 #   static buffers at every call (Inductor's non-tree ``cudagraphify_impl``);
-# - later calls: copy the non-static inputs, replay.  A static input at a new
-#   address re-records the graph (as cudagraph trees do), up to
-#   ``config.triton.cudagraph_unexpected_rerecord_limit`` times; then, or when
-#   the capture itself fails (an op that synchronises, such as ``.item()``),
-#   the graph is skipped with Inductor's "skipping cudagraphs due to ..." message
-#   and the compiled code runs without a graph.
+# - later calls: copy the non-static inputs, replay.  Static inputs at new
+#   addresses record another graph for them (as cudagraph trees record a node
+#   per set of static addresses): two modules of one class share the compiled
+#   code (regional compilation, ``compile_repeated_blocks``) and get a graph
+#   each, in a pool of its own, so one's replay leaves the other's outputs
+#   alone.  A graph with a freed static input is retired when its size is next
+#   recorded, and released once its last outputs are freed.  More than
+#   ``config.triton.cudagraph_unexpected_rerecord_limit`` graphs for one size
+#   at once, or a failing capture (an op that synchronises, such as
+#   ``.item()``), skips the graph with Inductor's "skipping cudagraphs due to
+#   ..." message: the compiled code runs without a graph.
 #
 # Outputs: outputs live in the graph's memory and the next replay of the same
-# graph overwrites them.  Each call returns new tensors on storages of their
-# own that alias that memory without owning it; the next replay (or the
-# graph's release) invalidates those storages, so reading an earlier output,
-# or a view of it (also as saved for a backward), raises "overwritten by a
-# subsequent run" as cudagraph trees do; such outputs cannot be resized.
+# graph (the same sizes and static inputs) overwrites them.  Each call returns
+# new tensors on storages of their own that alias that memory without owning
+# it; the next replay (or the graph's release) invalidates those storages, so
+# reading an earlier output, or a view of it (also as saved for a backward),
+# raises "overwritten by a subsequent run" as cudagraph trees do; such outputs
+# cannot be resized.
 # Outputs that alias a static input keep that input's storage: a replay bumps
 # their version counter, so a backward that saved one raises.  Clone an
 # output to keep it across calls.
@@ -422,7 +428,8 @@ def _axon_graph_policy():
 class _AxonGraphed:
     """A compiled graph's boxed callable with axon graph capture and replay.
 
-    One ``_Recording`` per value of the integer inputs; see the module
+    Per value of the integer inputs: warm-up, then ``_Variants`` (one
+    ``_Recording`` per set of static input addresses); see the module
     docstring for the call sequence.
     """
 
@@ -433,16 +440,17 @@ class _AxonGraphed:
         self.entries: dict = {}
         self.int_idxs: tuple[int, ...] | None = None
         self.skip_reason: str | None = None
-        self.rerecords = 0
         self.pool = None
 
     def __call__(self, inputs):
-        # The hot path (a recorded graph for these sizes): a few dict and
-        # pointer checks, the input copies, one replay.
+        # The hot path (a recorded graph for these sizes and static inputs): a
+        # few dict and pointer checks, the input copies, one replay.
         if self.skip_reason is None and self.int_idxs is not None:
             entry = self.entries.get(tuple(inputs[i] for i in self.int_idxs))
-            if type(entry) is _Recording and entry.static_inputs_stable(inputs):
-                return entry.run(inputs)
+            if type(entry) is _Variants:
+                recording = entry.find(inputs)
+                if recording is not None:
+                    return recording.run(inputs)
         return self._call_slow(inputs)
 
     def _call_slow(self, inputs):
@@ -464,43 +472,100 @@ class _AxonGraphed:
         if entry is _NO_GRAPH:
             return self.model(inputs)
         if entry is _WARM:
-            return self._record(key, inputs)
-        # A recorded graph whose static inputs moved: record it again.
-        self.rerecords += 1
-        limit = config.triton.cudagraph_unexpected_rerecord_limit
-        if self.rerecords > limit:
-            self._skip(f"static input data pointer changed more than {limit} times")
-            return self.model(inputs)
-        self.entries[key] = None
-        entry.close()
-        return self._record(key, inputs)
+            entry = self.entries[key] = _Variants()
+        else:
+            # Static inputs at addresses this size has no graph for: another graph.
+            entry.release_dead()
+            limit = config.triton.cudagraph_unexpected_rerecord_limit
+            if len(entry.recordings) >= limit:
+                self._skip(f"more than {limit} sets of static input data pointers (parameters "
+                           "of modules sharing the compiled code) in use at once")
+                return self.model(inputs)
+        return self._record(entry, inputs)
 
     def _skip(self, reason: str) -> None:
         from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
 
         self.skip_reason = reason
         for entry in self.entries.values():
-            if isinstance(entry, _Recording):
+            if isinstance(entry, _Variants):
                 entry.close()
         self.entries.clear()
         log_cudagraph_skip_and_bump_counter(f"{_SKIP}{reason}")
 
-    def _record(self, key, inputs):
-        saved = list(inputs)
-        try:
-            if self.pool is None:
-                import torch
+    def _record(self, variants: "_Variants", inputs):
+        import torch
 
-                # One pool for all of this graph's recordings (sizes, re-records),
-                # as cudagraph trees share one per device.
+        saved = list(inputs)
+        # The first graph of each size shares one pool (as cudagraph trees
+        # share one per device); the graphs of other static inputs get pools of
+        # their own: the replay of one module's graph must not write into
+        # memory another module's live outputs sit in.
+        shared = not any(r.shared_pool for r in variants.recordings.values())
+        try:
+            if shared and self.pool is None:
                 self.pool = torch.axon.graph_pool_handle()
-            entry = _Recording(self.model, inputs, self.static_input_idxs, self.device_index,
-                               self.pool)
+            recording = _Recording(self.model, inputs, self.static_input_idxs, self.device_index,
+                                   self.pool if shared else torch.axon.graph_pool_handle())
         except RuntimeError as e:
             self._skip(f"an axon graph capture failure: {e}")
             return self.model(saved)
-        self.entries[key] = entry
-        return entry.run(inputs)
+        recording.shared_pool = shared
+        variants.add(recording, saved)
+        return recording.run(inputs)
+
+
+class _Variants:
+    """One size's recordings, by the addresses of their static inputs."""
+
+    __slots__ = ("idxs", "recordings", "retired")
+
+    def __init__(self) -> None:
+        self.idxs: tuple[int, ...] | None = None  # the static tensor inputs' indices
+        self.recordings: dict = {}
+        # Graphs not to replay again (a static input was freed, or another graph
+        # took their addresses) whose last outputs are still in use: released
+        # once those are freed.
+        self.retired: list = []
+
+    def find(self, inputs):
+        if self.idxs is None:  # nothing recorded
+            return None
+        recording = self.recordings.get(tuple([inputs[i].data_ptr() for i in self.idxs]))
+        if recording is not None and recording.static_idxs != self.idxs and \
+                not recording.static_inputs_stable(inputs):  # (misaligned inputs)
+            return None
+        return recording
+
+    def add(self, recording, inputs) -> None:
+        if self.idxs is None:
+            self.idxs = tuple(recording.static_idxs)
+        ptrs = tuple([inputs[i].data_ptr() for i in self.idxs])
+        old = self.recordings.pop(ptrs, None)
+        if old is not None:
+            self.retired.append(old)
+        self.recordings[ptrs] = recording
+
+    def release_dead(self) -> None:
+        """Retires the graphs of which a static input was freed; releases the retired
+        graphs whose outputs are all freed."""
+        for ptrs, recording in list(self.recordings.items()):
+            if any(r.expired() for r in recording.static_refs):
+                del self.recordings[ptrs]
+                self.retired.append(recording)
+        keep = []
+        for recording in self.retired:
+            if recording.outputs_in_use():
+                keep.append(recording)
+            else:
+                recording.close()
+        self.retired = keep
+
+    def close(self) -> None:
+        for recording in (*self.recordings.values(), *self.retired):
+            recording.close()
+        self.recordings.clear()
+        self.retired = []
 
 
 _OVERWRITTEN = (
@@ -512,6 +577,9 @@ _OVERWRITTEN = (
 
 _WARM = object()
 _NO_GRAPH = object()
+# The storages (StorageImpl addresses) of the outputs the last replay of each
+# graph handed out.
+_HANDED_OUT: set[int] = set()
 
 
 class _Recording:
@@ -525,7 +593,7 @@ class _Recording:
         static = set(cfx.remove_unaligned_input_idxs(inputs, static_input_idxs))
         cfx.copy_misaligned_inputs(inputs, check_idxs)
         tensor = torch.Tensor
-        self.static_idxs = [i for i in sorted(static) if isinstance(inputs[i], tensor)]
+        self.static_idxs = tuple(i for i in sorted(static) if isinstance(inputs[i], tensor))
         self.static_ptrs = [inputs[i].data_ptr() for i in self.static_idxs]
         self.copy_idxs = [i for i, x in enumerate(inputs)
                           if isinstance(x, tensor) and i not in static]
@@ -558,6 +626,20 @@ class _Recording:
         owned_ids = {id(o) for o in self.owned}
         self.owned_idxs = [i for i, o in enumerate(self.outputs) if id(o) in owned_ids]
         self.handed_out = []  # weak references to the storages the last run returned
+        self.shared_pool = False
+        # The graph reads the static inputs at their addresses; it does not
+        # keep them alive (as cudagraph trees): once one is freed, the graph is
+        # retired (_Variants.release_dead).  Outputs of graphs (a forward's,
+        # saved for its backward) come on a new storage at every replay, at the
+        # same address: not watched.
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        self.static_refs = []
+        for i in self.static_idxs:
+            storage = self.static_inputs[i].untyped_storage()
+            if storage._cdata not in _HANDED_OUT:
+                self.static_refs.append(StorageWeakRef(storage))
+            self.static_inputs[i] = None
         self.run = self._run_checked if cfx.config.size_asserts else self._run
 
     def static_inputs_stable(self, inputs) -> bool:
@@ -601,7 +683,11 @@ class _Recording:
             out[i] = torch.empty(0, dtype=o.dtype, device=o.device).set_(
                 fresh[key], o.storage_offset(), o.size(), o.stride())
         self.handed_out = [StorageWeakRef(st) for st in fresh.values()]
+        _HANDED_OUT.update(ref.cdata for ref in self.handed_out)
         return out
+
+    def outputs_in_use(self) -> bool:
+        return any(not ref.expired() for ref in self.handed_out)
 
     def _invalidate_handed_out(self) -> None:
         import torch
@@ -609,6 +695,7 @@ class _Recording:
         from .. import _C
 
         for ref in self.handed_out:
+            _HANDED_OUT.discard(ref.cdata)
             if ref.expired():
                 continue
             storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
