@@ -248,3 +248,48 @@ def test_batch_norm_non_contiguous_and_zero_size(case, training):
         assert got.shape == want.shape
         assert_same(got, want, accum=True)
     assert torch.axon.fallback_stats() == {}
+
+
+def _ddpm_pipe():
+    from diffusers import DDPMPipeline, DDPMScheduler
+    pipe = DDPMPipeline(unet=tiny_unet().eval(), scheduler=DDPMScheduler(num_train_timesteps=4))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _sample(pipe, device):
+    g = torch.Generator(device).manual_seed(3)
+    return pipe(batch_size=1, generator=g, num_inference_steps=2, output_type="np").images
+
+
+@pytest.mark.parametrize("offload", ["sequential", "model"])
+def test_pipeline_to_axon_after_offloading(offload, monkeypatch):
+    """A pipeline offloaded with Accelerate hooks, then moved with .to("axon"): Diffusers'
+    own checks, as for cuda (upstream runs them only for ["cuda", "xpu"]): sequential
+    offloading (weights on the meta device) raises its ValueError, model offloading
+    warns; the pipeline stays usable and samples what the CPU does."""
+    from diffusers.pipelines import pipeline_utils
+    warnings = []
+    monkeypatch.setattr(pipeline_utils.logger, "warning", lambda msg, *a: warnings.append(msg))
+    cpu = _sample(_ddpm_pipe(), "cpu")
+    pipe = _ddpm_pipe()
+    if offload == "sequential":
+        pipe.enable_sequential_cpu_offload(device="axon")
+        with pytest.raises(ValueError, match="activated sequential model offloading"):
+            pipe.to("axon")
+        with pytest.raises(ValueError, match="activated sequential model offloading"):
+            pipe.to(device=torch.device("axon:0"), dtype=torch.float32)
+        assert not any("model offloading" in w for w in warnings)
+    else:
+        pipe.enable_model_cpu_offload(device="axon")
+        pipe.to("axon")
+        assert sum("activated model offloading by calling `enable_model_cpu_offload`" in w
+                   for w in warnings) == 1, warnings
+        assert pipe.unet.device.type == "axon"
+    torch.testing.assert_close(_sample(pipe, "cpu"), cpu, rtol=1e-4, atol=1e-4)
+    # A pipeline without offloading moves without either.
+    plain = _ddpm_pipe()
+    warnings.clear()
+    plain.to("axon")
+    assert warnings == [] and plain.unet.device.type == "axon"
+    torch.testing.assert_close(_sample(plain, "cpu"), cpu, rtol=1e-4, atol=1e-4)
