@@ -271,6 +271,49 @@ def no_graph_caches():
     torch._dynamo.reset()
 
 
+@pytest.fixture(scope="module")
+def quick_op_samples():
+    """PyTorch's OpInfo sample iterators without two costs of its test harness that do not
+    change the samples (they were ~2/3 of test_opinfo.py's time): before each sample
+    ``TrackedInputIter`` calls ``set_rng_seed``, whose ``torch.manual_seed`` queues a
+    lazy CUDA, XPU and MTIA seeding with ``traceback.format_stack()`` on a CPU build
+    (~2 ms); here it seeds the generators that exist (the CPU's, axon's, ``random``'s,
+    NumPy's) with the same seed.  And ``extract_test_fn`` walks ``inspect.stack()``,
+    which reads every frame's source (~60 ms a call); here the same search walks the
+    frames alone."""
+    import random
+    import sys
+    import unittest
+
+    import numpy as np
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    def set_rng_seed(seed=None):
+        seed = common_utils.SEED if seed is None else seed
+        torch.random.default_generator.manual_seed(seed)
+        torch.axon.manual_seed_all(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+
+    def extract_test_fn():
+        frame = sys._getframe(1)
+        while frame is not None:
+            self_val = frame.f_locals.get("self")
+            if isinstance(self_val, unittest.TestCase):
+                *_, cls_name, test_name = self_val.id().rsplit(".", 2)
+                if cls_name == type(self_val).__name__ and test_name.startswith("test"):
+                    return getattr(self_val, test_name).__func__
+            frame = frame.f_back
+        return None
+
+    saved = (common_utils.set_rng_seed, common_utils.extract_test_fn, core.extract_test_fn)
+    common_utils.set_rng_seed = set_rng_seed
+    common_utils.extract_test_fn = core.extract_test_fn = extract_test_fn
+    yield
+    common_utils.set_rng_seed, common_utils.extract_test_fn, core.extract_test_fn = saved
+
+
 @pytest.fixture
 def fresh_dynamo():
     """The test starts with empty Dynamo caches and counters (so recompile

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 
 from conftest import run_python
 
+pytestmark = pytest.mark.usefixtures("quick_op_samples")  # conftest: the samples, faster
+
 
 def _first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else ""

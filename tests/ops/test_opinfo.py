@@ -21,6 +21,8 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from op_util import SKIP_PREFIX, on_device, tensors, to_device
 
+pytestmark = pytest.mark.usefixtures("quick_op_samples")  # conftest: the samples, faster
+
 pytest.importorskip("expecttest", reason="op_db needs expecttest (requirements.txt pins it)")
 
 # Ops whose results are random (axon has its own generator, as CUDA does) or

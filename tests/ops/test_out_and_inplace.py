@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from conftest import AXON, FLOAT_DTYPES, assert_same, layout_pair, make
 from op_util import SKIP_PREFIX, on_device, tensors, to_device
 
+pytestmark = pytest.mark.usefixtures("quick_op_samples")  # conftest: the samples, faster
+
 
 # ---------------------------------------------------------------- in-place
 
