@@ -283,19 +283,25 @@ def test_regional_compilation_trains(replays, skip_messages):
 
 def test_too_many_static_input_sets_skip_graphs(replays, skip_messages):
     """More modules sharing the code than the re-record limit, all alive: graphs are
-    skipped with Inductor's message, and results stay right."""
+    skipped with Inductor's message, and results stay right, also the outputs of the
+    graphs already replayed, which the next module is reading (a chain of blocks)."""
     from torch._inductor import config
 
     torch.manual_seed(0)
-    mods = [nn.Linear(8, 8).to(DEV).eval() for _ in range(3)]
+    mods = [nn.Linear(8, 8).to(DEV).eval() for _ in range(4)]
     compiled = [torch.compile(m, mode="reduce-overhead") for m in mods]
     x = torch.randn(2, 8, device=DEV)
     with torch.no_grad(), config.patch({"triton.cudagraph_unexpected_rerecord_limit": 2}):
         for _ in range(3):
-            outs = [c(x) for c in compiled]
-            for m, out in zip(mods, outs):
-                torch.testing.assert_close(out.cpu(), m(x).cpu(),
+            hs = [x]
+            for c in compiled:
+                hs.append(c(hs[-1]))
+            want = x
+            for m, got in zip(mods, hs[1:]):
+                want = m(want)
+                torch.testing.assert_close(got.cpu(), want.cpu(),
                                            **tol(torch.float32, accum=True))
+    del hs, got
     assert any("skipping cudagraphs due to more than 2 sets of static input data pointers"
                in m for m in skip_messages), skip_messages
     assert _graphs_alive() == 0

@@ -441,6 +441,7 @@ class _AxonGraphed:
         self.int_idxs: tuple[int, ...] | None = None
         self.skip_reason: str | None = None
         self.pool = None
+        self.retired: list = []  # after a skip: recordings whose outputs are in use
 
     def __call__(self, inputs):
         # The hot path (a recorded graph for these sizes and static inputs): a
@@ -457,6 +458,8 @@ class _AxonGraphed:
         from torch._inductor import config
 
         if self.skip_reason is not None:
+            if self.retired:
+                self.retired = _release_unused(self.retired)
             return self.model(inputs)
         if self.int_idxs is None:
             self.int_idxs = tuple(i for i, v in enumerate(inputs) if isinstance(v, int))
@@ -487,10 +490,13 @@ class _AxonGraphed:
         from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
 
         self.skip_reason = reason
+        # Outputs handed out stay valid (the next block may be reading one):
+        # each graph is released once its outputs are freed.
         for entry in self.entries.values():
             if isinstance(entry, _Variants):
-                entry.close()
+                self.retired += entry.retire_all()
         self.entries.clear()
+        self.retired = _release_unused(self.retired)
         log_cudagraph_skip_and_bump_counter(f"{_SKIP}{reason}")
 
     def _record(self, variants: "_Variants", inputs):
@@ -553,19 +559,24 @@ class _Variants:
             if any(r.expired() for r in recording.static_refs):
                 del self.recordings[ptrs]
                 self.retired.append(recording)
-        keep = []
-        for recording in self.retired:
-            if recording.outputs_in_use():
-                keep.append(recording)
-            else:
-                recording.close()
-        self.retired = keep
+        self.retired = _release_unused(self.retired)
 
-    def close(self) -> None:
-        for recording in (*self.recordings.values(), *self.retired):
-            recording.close()
+    def retire_all(self) -> list:
+        retired = [*self.recordings.values(), *self.retired]
         self.recordings.clear()
         self.retired = []
+        return retired
+
+
+def _release_unused(recordings: list) -> list:
+    """Closes the recordings whose outputs are all freed; returns the others."""
+    keep = []
+    for recording in recordings:
+        if recording.outputs_in_use():
+            keep.append(recording)
+        else:
+            recording.close()
+    return keep
 
 
 _OVERWRITTEN = (
