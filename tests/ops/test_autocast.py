@@ -133,6 +133,24 @@ def test_unsupported_autocast_dtype_warns_and_disables():
             assert (x @ x).dtype == torch.float32
 
 
+@pytest.mark.parametrize("op", list(LOW_PRECISION))
+@pytest.mark.parametrize("dtype", AMP_DTYPES)
+def test_float32_autocast_computes_low_precision_ops_in_float32(op, dtype):
+    """autocast(dtype=torch.float32), as CUDA's accepts it: the lower-precision ops cast
+    their 16-bit (and mixed) inputs to float32 (before, axon warned and disabled
+    autocast, so mixed inputs raised)."""
+    sa, sb, fn = LOW_PRECISION[op]
+    a, b = make(sa, dtype, -1, 1, seed=1), make(sb, torch.float32, -1, 1, seed=2)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("axon", dtype=torch.float32):
+            assert torch.is_autocast_enabled("axon")
+            out = fn(a.axon(), b.axon())
+    assert out.dtype == torch.float32
+    assert_same(out, fn(a.float(), b), accum=True)
+
+
 def test_default_autocast_dtype_is_supported():
     assert torch.get_autocast_dtype("axon") in torch.axon.get_amp_supported_dtype()
     x = make((3, 3), torch.float32).axon()

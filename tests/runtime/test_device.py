@@ -30,6 +30,28 @@ def test_import_torch_alone_registers_axon():
     assert r.stdout.split() == ["OK", "3"]
 
 
+def test_without_devices_seeding_is_a_no_op_and_tensors_raise():
+    """AXON_NUM_DEVICES=0 (the package on a machine without the device): seeding does
+    nothing, as torch.cuda's without CUDA (seeding helpers call it unconditionally);
+    making a tensor raises PyTorch's error."""
+    r = run_python("""
+        import torch, transformers
+        assert not torch.axon.is_available() and torch.axon.device_count() == 0
+        torch.manual_seed(1)
+        torch.axon.manual_seed(1)
+        torch.axon.manual_seed_all(1)
+        torch.axon.seed()
+        torch.axon.seed_all()
+        transformers.set_seed(1)
+        try:
+            torch.ones(1, device="axon")
+        except RuntimeError as e:
+            print("RAISED", str(e).splitlines()[0])
+    """, env={"AXON_NUM_DEVICES": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("RAISED ") and "no axon device is available" in r.stdout, r.stdout
+
+
 def test_autoload_can_be_disabled():
     r = run_python("""
         import sys, torch

@@ -216,8 +216,9 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    """Dtypes torch.autocast accepts for device_type='axon'."""
-    return [torch.float16, torch.bfloat16]
+    """Dtypes torch.autocast accepts for device_type='axon' (float32 too, as CUDA's
+    autocast does: its lower-precision ops then compute in float32)."""
+    return [torch.float16, torch.bfloat16, torch.float32]
 
 
 def utilization(device: _DeviceLike = None) -> int:

@@ -22,8 +22,12 @@ def _generator(device=None) -> torch.Generator:
 
 
 def manual_seed(seed: int) -> None:
-    """Seed the current axon device's generator."""
-    _generator().manual_seed(int(seed))
+    """Seed the current axon device's generator.  Without an axon device it does
+    nothing, as ``torch.cuda.manual_seed`` without CUDA (seeding helpers call it
+    unconditionally)."""
+    seed = int(seed)
+    if default_generators:
+        _generator().manual_seed(seed)
 
 
 def manual_seed_all(seed: int) -> None:
@@ -33,11 +37,15 @@ def manual_seed_all(seed: int) -> None:
 
 
 def seed() -> None:
-    """Seed the current device's generator with a random number."""
-    _generator().seed()
+    """Seed the current device's generator with a random number (nothing without an
+    axon device, as ``torch.cuda.seed``)."""
+    if default_generators:
+        _generator().seed()
 
 
 def seed_all() -> None:
+    if not default_generators:
+        return
     s = _generator().seed()
     for g in default_generators:
         g.manual_seed(s)
