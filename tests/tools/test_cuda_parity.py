@@ -46,6 +46,8 @@ PRESENT = [
     "MemPool", "use_mem_pool", "host_memory_stats", "host_memory_stats_as_nested_dict",
     "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats",
     *PRIVATE,
+    # NVTX ranges (as torch.profiler ranges)
+    "nvtx",
     # graphs
     "graphs", "graph", "make_graphed_callables", "graph_pool_handle",
     "is_current_stream_capturing",
@@ -70,7 +72,6 @@ INTENTIONALLY_ABSENT = {
        for t in ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long",
                  "Short")
        for kind in ("Tensor",)},
-    "nvtx": "NVIDIA Tools Extension ranges for Nsight; use torch.profiler.record_function",
     "jiterator": "runtime-compiled CUDA C++ elementwise kernels (NVRTC)",
     "nccl": "NCCL bindings; axon's collectives are the 'axon' process-group backend",
     "cudart": "the CUDA runtime library handle",

@@ -281,3 +281,40 @@ def test_utilization_errors():
         torch.axon.utilization("cpu")
     with pytest.raises(RuntimeError, match=r"Invalid device index: axon:99; the device count is"):
         torch.axon.utilization(99)
+
+
+def test_nvtx_ranges_are_profiler_ranges(tensors):
+    """torch.axon.nvtx (torch.cuda.nvtx's calls, for scripts instrumented for Nsight):
+    nested push/pop, start/end across threads, mark and the range context manager record
+    torch.profiler ranges around the ops inside them; depths as NVTX returns them."""
+    import inspect
+    import threading
+
+    nvtx = torch.axon.nvtx
+    for name in torch.cuda.nvtx.__all__:
+        if not name.startswith("_"):
+            assert inspect.signature(getattr(nvtx, name)).parameters.keys() == \
+                inspect.signature(getattr(torch.cuda.nvtx, name)).parameters.keys(), name
+    x, w = tensors
+    with profile(activities=ACTIVITIES) as prof:
+        assert nvtx.range_push("outer") == 0
+        assert nvtx.range_push("inner") == 1
+        y = x @ w
+        assert nvtx.range_pop() == 1
+        assert nvtx.range_pop() == 0
+        rid = nvtx.range_start("across threads")
+        t = threading.Thread(target=nvtx.range_end, args=(rid,))
+        t.start()
+        t.join()
+        nvtx.mark("a mark")
+        with nvtx.range("step {}", 3):
+            (y * 2).sum().item()
+    assert nvtx.range_pop() == -1  # nothing open
+    with pytest.raises(ValueError, match="no open range with id"):
+        nvtx.range_end(rid)
+    names = [e.name for e in prof.events()]
+    for expected in ("outer", "inner", "across threads", "a mark", "step 3"):
+        assert expected in names, (expected, sorted(set(names))[:40])
+    inner = next(e for e in prof.events() if e.name == "inner")
+    mm = [e for e in prof.events() if e.name == "aten::mm"]
+    assert any(inner.time_range.start <= e.time_range.start <= inner.time_range.end for e in mm)

@@ -16,6 +16,7 @@ from .streams import *  # noqa: F401,F403
 from .graphs import *  # noqa: F401,F403
 from .legacy_storage import *  # noqa: F401,F403
 from . import amp  # noqa: F401,E402  (the deprecated torch.cuda.amp names)
+from . import nvtx  # noqa: F401,E402  (torch.cuda.nvtx's ranges, as profiler ranges)
 
 # Set as torch.cuda's is once initialised; torch.utils.checkpoint reads it to
 # decide whether to save and restore the device's RNG state.
