@@ -1,6 +1,8 @@
 #include "CachingAllocator.h"
 #include "StreamWork.h"
 
+#include <c10/core/AllocatorConfig.h>
+
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -89,6 +91,27 @@ bool BlockPool::Order::operator()(const Block* a, const Block* b) const {
   if (a->stream != b->stream) return a->stream < b->stream;
   if (a->size != b->size) return a->size < b->size;
   return a->ptr < b->ptr;
+}
+
+// PYTORCH_ALLOC_CONF (also PYTORCH_CUDA_ALLOC_CONF, and
+// torch._C._accelerator_setAllocatorSettings): c10's device-generic settings,
+// as CUDA's allocator reads them.  max_split_size_mb: blocks this large or
+// larger are "oversize": never split, and a free one serves only a request
+// at least max_split_size and within max_non_split_rounding_mb of its size.
+// garbage_collection_threshold (with set_per_process_memory_fraction): before
+// a new segment, reserved memory over that share of the allowed memory sends
+// the cached free segments back to the device.  expandable_segments is not
+// implemented (one warning).
+using AllocConf = c10::CachingAllocator::AcceleratorAllocatorConfig;
+
+size_t max_split_size() { return AllocConf::max_split_size(); }
+
+void warn_unsupported_settings() {
+  static std::atomic<bool> warned{false};
+  if (AllocConf::use_expandable_segments() && !warned.exchange(true)) {
+    TORCH_WARN("axon's caching allocator does not implement expandable_segments "
+               "(PYTORCH_ALLOC_CONF); it is ignored");
+  }
 }
 
 size_t round_size(size_t size) {
@@ -213,6 +236,11 @@ class DeviceCache {
   Block* malloc(size_t orig_size, c10::StreamId stream, int h, Context context, bool last_try) {
     std::unique_lock<std::mutex> lock(mutex_);
     process_events();
+    warn_unsupported_settings();
+    const size_t max_split = max_split_size();
+    stats_.max_split_size = max_split == std::numeric_limits<size_t>::max()
+                                ? -1
+                                : static_cast<int64_t>(max_split);
     size_t size = round_size(orig_size);
     PrivatePool* priv = nullptr;
     for (auto& [id, filter] : captures_) {
@@ -223,12 +251,15 @@ class DeviceCache {
     }
     BlockPool& pool = priv != nullptr ? (size <= kSmallSize ? priv->small : priv->large)
                                       : (size <= kSmallSize ? small_ : large_);
-    Block* block = find_free(pool, stream, size);
+    Block* block = find_free(pool, stream, size, max_split);
     if (block == nullptr) {
+      if (priv == nullptr) maybe_collect_garbage();
       block = new_segment(pool, stream, size, orig_size, h, context, last_try, lock);
       if (block == nullptr) return nullptr;
+      if (block->size >= max_split) stats_.oversize_segments.increase(1);
     }
-    block = maybe_split(block, size);
+    block = maybe_split(block, size, max_split);
+    if (block->size >= max_split) stats_.oversize_allocations.increase(1);
     block->allocated = true;
     block->requested = orig_size;
     if (h != 0) {
@@ -255,6 +286,7 @@ class DeviceCache {
       record(h, TraceEntry::FREE_REQUESTED, block->ptr, block->requested, block->stream,
              *block->pool, context);
     }
+    if (block->size >= max_split_size()) stats_.oversize_allocations.decrease(1);
     for_pool(*block->pool, [&](StatType t) {
       stats_.allocation[idx(t)].decrease(1);
       stats_.allocated_bytes[idx(t)].decrease(block->size);
@@ -473,11 +505,18 @@ class DeviceCache {
     }
   }
 
-  Block* find_free(BlockPool& pool, c10::StreamId stream, size_t size) {
+  Block* find_free(BlockPool& pool, c10::StreamId stream, size_t size,
+                   size_t max_split = std::numeric_limits<size_t>::max()) {
     Block key(stream, size);
     auto it = pool.blocks.lower_bound(&key);
     if (it == pool.blocks.end() || (*it)->stream != stream) return nullptr;
     Block* block = *it;
+    // An oversize block (never split) serves only an oversize request that
+    // wastes at most max_non_split_rounding_size of it (CUDA's rules).
+    if (size < max_split && block->size >= max_split) return nullptr;
+    if (size >= max_split && block->size >= size + AllocConf::max_non_split_rounding_size()) {
+      return nullptr;
+    }
     pool.blocks.erase(it);
     if (block->is_split()) {
       for_pool(pool, [&](StatType t) {
@@ -577,6 +616,7 @@ class DeviceCache {
     }
     rt::free(block->ptr);
     stats_.num_device_free += 1;
+    if (block->size >= max_split_size()) stats_.oversize_segments.decrease(1);
     for_pool(*block->pool, [&](StatType t) {
       stats_.segment[idx(t)].decrease(1);
       stats_.reserved_bytes[idx(t)].decrease(block->size);
@@ -695,10 +735,11 @@ class DeviceCache {
         "torch.axon.empty_cache()) to make room.");
   }
 
-  Block* maybe_split(Block* block, size_t size) {
+  Block* maybe_split(Block* block, size_t size,
+                     size_t max_split = std::numeric_limits<size_t>::max()) {
     size_t remaining = block->size - size;
     bool split = block->pool->is_small ? remaining >= kMinBlockSize
-                                       : remaining > kSmallSize;
+                                       : remaining > kSmallSize && size < max_split;
     if (!split) return block;
     auto* rest = new Block(device_, block->stream, remaining, block->pool,
                            block->ptr + size);
@@ -828,6 +869,19 @@ class DeviceCache {
       maybe_erase(owner);
     }
     doomed_.clear();
+  }
+
+  // garbage_collection_threshold (with a per-process memory fraction, as
+  // CUDA's): before a new segment, if the reserved memory is over the
+  // threshold's share of what the process may reserve, the cached free
+  // segments go back to the device (all of them; CUDA's picks the older half).
+  void maybe_collect_garbage() {
+    const double threshold = AllocConf::garbage_collection_threshold();
+    if (threshold <= 0.0 || allowed_ == std::numeric_limits<size_t>::max()) return;
+    const auto reserved = static_cast<double>(stats_.reserved_bytes[0].current);
+    if (reserved <= threshold * static_cast<double>(allowed_)) return;
+    drain_events();
+    release_cached();
   }
 
   // Returns every whole free segment of the shared pools and of released

@@ -1,5 +1,8 @@
 #include "MemoryHistory.h"
 
+#include <c10/core/AllocatorConfig.h>
+#include <limits>
+
 #include <ATen/core/CachingHostAllocator.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/profiler/combined_traceback.h>
@@ -185,10 +188,14 @@ py::dict snapshot_dict(std::optional<c10::MempoolId_t> pool, bool include_traces
   }
 
   py::dict settings;
-  settings["PYTORCH_AXON_ALLOC_CONF"] = "";
-  settings["max_split_size"] = -1;
-  settings["garbage_collection_threshold"] = 0.0;
-  settings["expandable_segments"] = false;
+  using AllocConf = c10::CachingAllocator::AcceleratorAllocatorConfig;
+  settings["PYTORCH_AXON_ALLOC_CONF"] = AllocConf::last_allocator_settings();
+  settings["max_split_size"] =
+      AllocConf::max_split_size() == std::numeric_limits<size_t>::max()
+          ? int64_t{-1}
+          : static_cast<int64_t>(AllocConf::max_split_size());
+  settings["garbage_collection_threshold"] = AllocConf::garbage_collection_threshold();
+  settings["expandable_segments"] = false;  // not implemented
   settings["pinned_num_register_threads"] = 1;
   settings["release_lock_on_malloc"] = false;
   settings["pinned_use_host_register"] = false;

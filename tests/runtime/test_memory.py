@@ -323,3 +323,69 @@ def test_concurrent_allocations_from_threads(dev):
     assert torch.axon.memory_allocated(dev) == 0
     st = torch.axon.memory_stats(dev)
     assert st["allocation.all.allocated"] == st["allocation.all.freed"] == 200
+
+
+_ALLOC_CONF_SCRIPT = """
+import json, os, torch, warnings
+MiB = 1 << 20
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    if os.environ.get("SET_AT_RUN_TIME"):  # the settings set by the program
+        torch.axon.memory._set_allocator_settings(os.environ["SET_AT_RUN_TIME"])
+    big = torch.empty(300 * MiB, dtype=torch.uint8, device="axon")
+    del big  # cached: one free 300 MiB segment
+    small = torch.empty(10 * MiB, dtype=torch.uint8, device="axon")
+    st = torch.axon.memory_stats()
+    out = {"reserved": torch.axon.memory_reserved(), "segments": st["segment.all.current"],
+           "max_split": st["max_split_size"],
+           "oversize_segments": st["oversize_segments.current"],
+           "oversize_allocations": st["oversize_allocations.current"],
+           "snapshot_max_split": torch.axon.memory._snapshot()["allocator_settings"]["max_split_size"]}
+    del small
+    # garbage_collection_threshold, with a per-process fraction (as CUDA's)
+    torch.axon.empty_cache()
+    total = torch.axon.mem_get_info()[1]
+    torch.axon.set_per_process_memory_fraction(0.5)
+    a1 = torch.empty(int(total * 0.14), dtype=torch.uint8, device="axon")
+    a2 = torch.empty(int(total * 0.14), dtype=torch.uint8, device="axon")
+    del a1  # cached; reserved 28% of the device, over half the 50% allowed
+    b = torch.empty(int(total * 0.15), dtype=torch.uint8, device="axon")  # a new segment
+    out["reserved_after_gc"] = torch.axon.memory_reserved() / total
+    out["warnings"] = [str(w.message) for w in caught]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("at_run_time", [False, True])
+@pytest.mark.parametrize("conf", ["", "max_split_size_mb:64", "garbage_collection_threshold:0.5",
+                                  "expandable_segments:True"])
+def test_pytorch_alloc_conf(conf, at_run_time):
+    """PYTORCH_ALLOC_CONF, as CUDA's allocator reads it: max_split_size_mb makes blocks that
+    large "oversize" (never split: a small request gets a segment of its own, counted in the
+    oversize statistics); garbage_collection_threshold (with a memory fraction) returns
+    the cached segments before a new one when reserved memory is over that share;
+    expandable_segments is not implemented and warns.  From the environment, or set by
+    the program (torch.axon.memory._set_allocator_settings, as torch.cuda's)."""
+    import json
+
+    from conftest import run_python
+
+    env = {("SET_AT_RUN_TIME" if at_run_time else "PYTORCH_ALLOC_CONF"): conf} if conf else {}
+    r = run_python(_ALLOC_CONF_SCRIPT, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    MiB = 1 << 20
+    if conf.startswith("max_split"):
+        assert out["max_split"] == out["snapshot_max_split"] == 64 * MiB
+        assert out["reserved"] == 310 * MiB and out["segments"] == 2  # 300 MiB not split
+        assert out["oversize_segments"] == 1 and out["oversize_allocations"] == 0
+    else:
+        assert out["max_split"] == out["snapshot_max_split"] == -1
+        assert out["reserved"] == 300 * MiB and out["segments"] == 1  # split for 10 MiB
+        assert out["oversize_segments"] == out["oversize_allocations"] == 0
+    if conf.startswith("garbage"):
+        assert 0.28 < out["reserved_after_gc"] < 0.31  # the cached 14% went back first
+    else:
+        assert out["reserved_after_gc"] > 0.42
+    unsupported = [w for w in out["warnings"] if "does not implement expandable_segments" in w]
+    assert len(unsupported) == (1 if conf.startswith("expandable") else 0), out["warnings"]

@@ -17,7 +17,8 @@ import inspect
 import pytest
 import torch
 
-PRIVATE = ["memory._record_memory_history", "memory._snapshot", "memory._dump_snapshot"]
+PRIVATE = ["memory._record_memory_history", "memory._snapshot", "memory._dump_snapshot",
+           "memory._set_allocator_settings"]
 
 PRESENT = [
     # legacy typed-storage classes (tensor.storage_type())

@@ -359,6 +359,17 @@ def _record_memory_history(enabled: str | bool | None = "all", context: str | No
                               clear_history, list(skip_actions or ()))
 
 
+@deprecated(
+    "torch.axon._set_allocator_settings is deprecated. Use "
+    "torch._C._accelerator_setAllocatorSettings instead.",
+    category=FutureWarning,
+)
+def _set_allocator_settings(env: str):
+    """PYTORCH_ALLOC_CONF's settings at run time (as torch.cuda.memory's): the caching
+    allocator reads them at its next allocation."""
+    return torch._C._accelerator_setAllocatorSettings(env)
+
+
 def _snapshot(device=None, augment_with_fx_traces: bool = False) -> dict[str, Any]:
     """The allocator's state and recorded history, as torch.cuda.memory._snapshot
     returns it: ``segments`` (with their ``blocks``) and ``device_traces``."""
