@@ -75,8 +75,9 @@ def empty_cache() -> None:
 def memory_stats(device=None) -> OrderedDict[str, Any]:
     """The allocator's statistics, keyed as torch.cuda.memory_stats keys them.
 
-    ``max_split_size`` is -1 (CUDA's "no limit": every large block may split),
-    so the ``oversize_*`` counts stay 0; ``num_oom_rejections`` is 0 (axon
+    ``max_split_size`` is PYTORCH_ALLOC_CONF's ``max_split_size_mb`` in bytes,
+    -1 without one (CUDA's "no limit": every large block may split, and the
+    ``oversize_*`` counts stay 0); ``num_oom_rejections`` is 0 (axon
     has no preemptive OOM policy); ``num_sync_all_streams`` counts the
     allocator's waits for all pending frees (``empty_cache``, OOM retries).
     Private pools (MemPool, graphs) count in ``all`` and in the small/large
