@@ -30,6 +30,11 @@ auto rt_call(F&& fn) -> decltype(fn()) {
     // asynchronous errors.  The code is CUDA's cudaErrorLaunchFailure.
     throw c10::AcceleratorError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, 719,
                                 e.what());
+  } catch (const rt::InvalidDeviceError& e) {
+    // An index past the device count: torch.AcceleratorError, as CUDA's
+    // "invalid device ordinal" (cudaErrorInvalidDevice, 101).
+    throw c10::AcceleratorError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, 101,
+                                e.what());
   } catch (const rt::Error& e) {
     TORCH_CHECK(false, e.what());
   }

@@ -262,7 +262,7 @@ def test_synchronize_waits_for_pending_work():
 
 def test_bf16_and_amp_dtypes():
     assert torch.axon.is_bf16_supported()
-    assert set(torch.axon.get_amp_supported_dtype()) == {torch.float16, torch.bfloat16}
+    assert set(torch.axon.get_amp_supported_dtype()) == {torch.float16, torch.bfloat16, torch.float32}
 
 
 # ---------------------------------------------------------------- torch.accelerator
