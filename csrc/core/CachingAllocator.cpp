@@ -3,6 +3,7 @@
 
 #include <c10/core/AllocatorConfig.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -72,6 +73,10 @@ struct Block {
   BlockPool* pool;
   char* ptr;
   bool allocated = false;
+  // Counted in oversize_allocations (while allocated) / oversize_segments (a
+  // segment's first block): the limit may change in between.
+  bool oversize_allocation = false;
+  bool oversize_segment = false;
   int pending_events = 0;  // events to complete before the block is free
   Block* prev = nullptr;   // neighbours inside the same segment
   Block* next = nullptr;
@@ -238,9 +243,6 @@ class DeviceCache {
     process_events();
     warn_unsupported_settings();
     const size_t max_split = max_split_size();
-    stats_.max_split_size = max_split == std::numeric_limits<size_t>::max()
-                                ? -1
-                                : static_cast<int64_t>(max_split);
     size_t size = round_size(orig_size);
     PrivatePool* priv = nullptr;
     for (auto& [id, filter] : captures_) {
@@ -256,10 +258,14 @@ class DeviceCache {
       if (priv == nullptr) maybe_collect_garbage();
       block = new_segment(pool, stream, size, orig_size, h, context, last_try, lock);
       if (block == nullptr) return nullptr;
-      if (block->size >= max_split) stats_.oversize_segments.increase(1);
+      if (block->size >= max_split) {
+        block->oversize_segment = true;
+        stats_.oversize_segments.increase(1);
+      }
     }
     block = maybe_split(block, size, max_split);
-    if (block->size >= max_split) stats_.oversize_allocations.increase(1);
+    block->oversize_allocation = block->size >= max_split;
+    if (block->oversize_allocation) stats_.oversize_allocations.increase(1);
     block->allocated = true;
     block->requested = orig_size;
     if (h != 0) {
@@ -286,7 +292,8 @@ class DeviceCache {
       record(h, TraceEntry::FREE_REQUESTED, block->ptr, block->requested, block->stream,
              *block->pool, context);
     }
-    if (block->size >= max_split_size()) stats_.oversize_allocations.decrease(1);
+    if (block->oversize_allocation) stats_.oversize_allocations.decrease(1);
+    block->oversize_allocation = false;
     for_pool(*block->pool, [&](StatType t) {
       stats_.allocation[idx(t)].decrease(1);
       stats_.allocated_bytes[idx(t)].decrease(block->size);
@@ -463,6 +470,9 @@ class DeviceCache {
 
   DeviceStats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
+    const size_t max_split = max_split_size();
+    stats_.max_split_size =
+        max_split == std::numeric_limits<size_t>::max() ? -1 : static_cast<int64_t>(max_split);
     return stats_;
   }
 
@@ -616,7 +626,7 @@ class DeviceCache {
     }
     rt::free(block->ptr);
     stats_.num_device_free += 1;
-    if (block->size >= max_split_size()) stats_.oversize_segments.decrease(1);
+    if (block->oversize_segment) stats_.oversize_segments.decrease(1);
     for_pool(*block->pool, [&](StatType t) {
       stats_.segment[idx(t)].decrease(1);
       stats_.reserved_bytes[idx(t)].decrease(block->size);
@@ -873,15 +883,19 @@ class DeviceCache {
 
   // garbage_collection_threshold (with a per-process memory fraction, as
   // CUDA's): before a new segment, if the reserved memory is over the
-  // threshold's share of what the process may reserve, the cached free
-  // segments go back to the device (all of them; CUDA's picks the older half).
+  // threshold's share of what the process may reserve and whole free
+  // segments are cached, they go back to the device (all of them; CUDA's
+  // picks the older ones).
   void maybe_collect_garbage() {
     const double threshold = AllocConf::garbage_collection_threshold();
     if (threshold <= 0.0 || allowed_ == std::numeric_limits<size_t>::max()) return;
     const auto reserved = static_cast<double>(stats_.reserved_bytes[0].current);
     if (reserved <= threshold * static_cast<double>(allowed_)) return;
-    drain_events();
-    release_cached();
+    const auto cached = [](const BlockPool& pool) {
+      return std::any_of(pool.blocks.begin(), pool.blocks.end(),
+                         [](const Block* b) { return !b->is_split(); });
+    };
+    if (cached(large_) || cached(small_)) release_cached();
   }
 
   // Returns every whole free segment of the shared pools and of released

@@ -114,7 +114,8 @@ INVALID_INDEX = {
 
 @pytest.mark.parametrize("entry", list(INVALID_INDEX))
 def test_invalid_device_index_message(entry):
-    with pytest.raises(RuntimeError) as e:
+    # torch.AcceleratorError (a RuntimeError), as CUDA's "invalid device ordinal"
+    with pytest.raises(torch.AcceleratorError) as e:
         INVALID_INDEX[entry]()
     assert "Invalid device index: axon:9; the device count is 8" in str(e.value)
     assert torch.axon.current_device() == 0  # nothing changed

@@ -389,3 +389,36 @@ def test_pytorch_alloc_conf(conf, at_run_time):
         assert out["reserved_after_gc"] > 0.42
     unsupported = [w for w in out["warnings"] if "does not implement expandable_segments" in w]
     assert len(unsupported) == (1 if conf.startswith("expandable") else 0), out["warnings"]
+
+
+def test_alloc_conf_changed_at_run_time_keeps_statistics_exact():
+    """max_split_size_mb set or changed while blocks are allocated: each block is uncounted
+    as it was counted (the oversize counters end at 0), and memory_stats() shows the
+    setting before any allocation."""
+    import json
+
+    from conftest import run_python
+
+    r = run_python("""
+        import json, torch, warnings
+        warnings.simplefilter("ignore", FutureWarning)
+        MiB = 1 << 20
+        first = torch.axon.memory_stats()["max_split_size"]
+        a = torch.empty(300 * MiB, dtype=torch.uint8, device="axon")  # limit 64: oversize
+        torch.axon.memory._set_allocator_settings("max_split_size_mb:200")
+        b = torch.empty(100 * MiB, dtype=torch.uint8, device="axon")  # under 200: not
+        torch.axon.memory._set_allocator_settings("max_split_size_mb:64")
+        mid = torch.axon.memory_stats()
+        del a, b
+        torch.axon.empty_cache()
+        st = torch.axon.memory_stats()
+        print(json.dumps({"first": first, "mid_max_split": mid["max_split_size"],
+                          "mid": [mid["oversize_allocations.current"], mid["oversize_segments.current"]],
+                          "end": [st["oversize_allocations.current"], st["oversize_segments.current"],
+                                  st["segment.all.current"], st["allocated_bytes.all.current"]]}))
+    """, env={"PYTORCH_ALLOC_CONF": "max_split_size_mb:64"})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["first"] == 64 << 20 and out["mid_max_split"] == 64 << 20
+    assert out["mid"] == [1, 1]
+    assert out["end"] == [0, 0, 0, 0]
