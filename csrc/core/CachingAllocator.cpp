@@ -515,8 +515,7 @@ class DeviceCache {
     }
   }
 
-  Block* find_free(BlockPool& pool, c10::StreamId stream, size_t size,
-                   size_t max_split = std::numeric_limits<size_t>::max()) {
+  Block* find_free(BlockPool& pool, c10::StreamId stream, size_t size, size_t max_split) {
     Block key(stream, size);
     auto it = pool.blocks.lower_bound(&key);
     if (it == pool.blocks.end() || (*it)->stream != stream) return nullptr;
@@ -745,8 +744,7 @@ class DeviceCache {
         "torch.axon.empty_cache()) to make room.");
   }
 
-  Block* maybe_split(Block* block, size_t size,
-                     size_t max_split = std::numeric_limits<size_t>::max()) {
+  Block* maybe_split(Block* block, size_t size, size_t max_split) {
     size_t remaining = block->size - size;
     bool split = block->pool->is_small ? remaining >= kMinBlockSize
                                        : remaining > kSmallSize && size < max_split;
