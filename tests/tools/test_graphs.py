@@ -520,3 +520,32 @@ def test_replays_on_two_streams_run_one_after_another():
     torch.axon.manual_seed(21)
     chain()
     torch.testing.assert_close(out.cpu(), chain().cpu(), atol=0, rtol=0)  # the second's
+
+
+def test_check_input_liveness_names_a_freed_input():
+    """torch.axon.graph(check_input_liveness=True), as torch.cuda's: the graph reads its
+    inputs by address and does not keep them alive; a replay after an input from outside
+    the capture was freed raises, naming where it was freed.  Inputs alive and tensors
+    made inside the capture replay as before; enable_annotations is CUDA's and refused."""
+    import gc
+
+    x_cpu, w_cpu = torch.randn(64), torch.randn(64)
+    x, w = x_cpu.to(DEV), w_cpu.to(DEV)
+    (x * 2 + w).sum()  # warm up
+    torch.axon.synchronize()
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g, check_input_liveness=True):
+        h = x * 2  # made inside the capture: not an external input
+        y = h + w
+    g.replay()
+    torch.axon.synchronize()
+    torch.testing.assert_close(y.cpu(), x_cpu * 2 + w_cpu)
+    del x
+    gc.collect()
+    with pytest.raises(RuntimeError, match=r"axon graph replay detected 1 dead tensor") as e:
+        g.replay()
+    freed_at = str(e.value).split("Deletion Traceback (Python)")[1]
+    assert "test_check_input_liveness_names_a_freed_input" in freed_at, str(e.value)
+    g.reset()
+    with pytest.raises(NotImplementedError, match="enable_annotations"):
+        torch.axon.graph(torch.axon.AxonGraph(), enable_annotations=True)

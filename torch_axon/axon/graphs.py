@@ -36,6 +36,57 @@ def is_current_stream_capturing() -> bool:
     return bool(_C._is_current_stream_capturing(_get_device_index(None, optional=True)))
 
 
+def _liveness_tracker():
+    """torch.cuda.graph's input-liveness tracker (torch/utils/_cuda_debug.py) for axon:
+    external tensors read during a capture are watched, and a replay after one was
+    freed raises with where it was made and freed (the graph reads it by address)."""
+    from torch.utils import _cuda_debug as debug
+    from torch.utils._pytree import tree_iter
+
+    class Mode(debug._TensorTrackingMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            inputs = [args, kwargs]
+            if is_current_stream_capturing() and any(
+                    isinstance(v, torch.Tensor) and v.device.type == "axon"
+                    for v in tree_iter(inputs)):
+                self._track_inputs(inputs)
+                self._mark_outputs(out)
+            return out
+
+        def _track_inputs(self, values) -> None:
+            for v in tree_iter(values):
+                if isinstance(v, torch.Tensor) and v.data_ptr() != 0 and (
+                        v.device.type == "axon" or v.is_pinned()):
+                    self._tracker.track_external_input(v)
+
+        def _mark_outputs(self, values) -> None:
+            for v in tree_iter(values):
+                if isinstance(v, torch.Tensor) and v.device.type == "axon":
+                    self._tracker.mark_internal_output(v)
+
+    class Tracker(debug._CUDAGraphInputLivenessTracker):
+        def start(self) -> None:
+            self._dispatch_mode = Mode(self)
+            self._dispatch_mode.__enter__()
+
+        def check_alive(self, capture_pool) -> None:
+            try:
+                super().check_alive(capture_pool)
+            except RuntimeError as e:
+                raise RuntimeError(str(e).replace("CUDA graph replay", "axon graph replay", 1)) \
+                    from None
+
+        def _get_memory_snapshot(self, capture_pool):
+            if self._memory_snapshot is None:
+                self._memory_snapshot = _memory.memory_snapshot(capture_pool,
+                                                                include_traces=False)
+            return self._memory_snapshot
+
+    return Tracker()
+
+
 class AxonGraph(torch._C._acceleratorGraph):
     """A captured sequence of axon work (torch.cuda.CUDAGraph's counterpart).
 
@@ -48,27 +99,48 @@ class AxonGraph(torch._C._acceleratorGraph):
 
     def __init__(self, keep_graph: bool = False) -> None:
         super().__init__(keep_graph)
+        self._tracker = None
 
-    def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
-        """Begin capturing axon work on the current stream (prefer ``torch.axon.graph``)."""
+    def _stop_tracking(self) -> None:
+        if getattr(self, "_tracker", None) is not None:
+            self._tracker.stop()
+
+    def capture_begin(self, pool=None, capture_error_mode: str = "global",
+                      check_input_liveness: bool = False) -> None:
+        """Begin capturing axon work on the current stream (prefer ``torch.axon.graph``).
+
+        ``check_input_liveness``: watch the tensors from outside the capture that it
+        reads; a replay after one was freed raises (as torch.cuda's)."""
         if capture_error_mode not in ("global", "thread_local", "relaxed", "default"):
             raise ValueError(f"Unknown capture_error_mode '{capture_error_mode}'; expected "
                              "'global', 'thread_local' or 'relaxed'")
+        self._stop_tracking()
+        self._tracker = None
         super().capture_begin(pool=pool, capture_error_mode=capture_error_mode)
+        if check_input_liveness:
+            self._tracker = _liveness_tracker()
+            self._tracker.start()
 
     def capture_end(self) -> None:
         """End the capture begun on the current stream."""
-        super().capture_end()
+        try:
+            super().capture_end()
+        finally:
+            self._stop_tracking()
 
     def instantiate(self) -> None:
         super().instantiate()
 
     def replay(self) -> None:
         """Enqueue the captured work on the current stream (one launch)."""
+        if getattr(self, "_tracker", None) is not None:
+            self._tracker.check_alive(self.pool())
         super().replay()
 
     def reset(self) -> None:
         """Delete the captured graph and release its memory pool."""
+        self._stop_tracking()
+        self._tracker = None
         super().reset()
 
     def pool(self):
@@ -89,7 +161,12 @@ class graph:
     default_capture_stream: Stream | None = None
 
     def __init__(self, axon_graph: AxonGraph, pool=None, stream: Stream | None = None,
-                 capture_error_mode: str = "global") -> None:
+                 capture_error_mode: str = "global", enable_annotations: bool = False,
+                 check_input_liveness: bool = False) -> None:
+        if enable_annotations:
+            raise NotImplementedError(
+                "torch.axon.graph(enable_annotations=True): kernel annotations are CUDA "
+                "driver records (cuda.bindings); axon's kernels show in torch.profiler")
         if stream is None and self.__class__.default_capture_stream is None:
             self.__class__.default_capture_stream = Stream()
         self.pool = () if pool is None else (pool,)
@@ -97,6 +174,7 @@ class graph:
         self.stream_ctx = _stream_context(self.capture_stream)
         self.axon_graph = axon_graph
         self.capture_error_mode = capture_error_mode
+        self.check_input_liveness = check_input_liveness
 
     def __enter__(self) -> None:
         synchronize()
@@ -105,7 +183,8 @@ class graph:
         empty_cache()
         self.stream_ctx.__enter__()
         try:
-            self.axon_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
+            self.axon_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode,
+                                          check_input_liveness=self.check_input_liveness)
         except BaseException:
             self.stream_ctx.__exit__(None, None, None)
             raise
