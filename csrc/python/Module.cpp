@@ -42,6 +42,7 @@ py::dict device_properties(int device) {
   d["multi_processor_count"] = p.compute_units;
   d["physical_cores"] = p.physical_cores;
   d["host_accessible"] = p.host_accessible;
+  d["system_index"] = p.system_index;
   return d;
 }
 

@@ -81,9 +81,47 @@ size_t detect_host_memory() noexcept {
   }
 }
 
+std::vector<int> parse_visible_devices(const char* raw, int defined,
+                                       std::vector<std::string>* warnings) {
+  std::vector<int> visible;
+  if (raw == nullptr) {
+    for (int i = 0; i < defined; ++i) visible.push_back(i);
+    return visible;
+  }
+  const std::string_view all = value_of(raw).value_or(std::string_view{});
+  std::string_view rest = all;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view token = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    std::string text(token);
+    text = std::string(value_of(text.c_str()).value_or(std::string_view{}));
+    long long v = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    const bool integer = !text.empty() && ec == std::errc() && end == text.data() + text.size();
+    if (integer && v < 0) break;  // "-1": no (more) devices, as CUDA
+    std::string why;
+    if (!integer) why = "'" + text + "' is not a device index";
+    else if (v >= defined)
+      why = "device " + text + " does not exist (" + std::to_string(defined) +
+            " device(s) defined by AXON_NUM_DEVICES / AXON_LOGICAL_CORE_CONFIG)";
+    else if (std::find(visible.begin(), visible.end(), static_cast<int>(v)) != visible.end())
+      why = "device " + text + " is listed twice";
+    if (!why.empty()) {
+      if (warnings)
+        warnings->push_back("axon: AXON_VISIBLE_DEVICES='" + std::string(all) + "': " + why +
+                            "; the list ends there (" + std::to_string(visible.size()) +
+                            " device(s) visible)");
+      break;
+    }
+    visible.push_back(static_cast<int>(v));
+  }
+  return visible;
+}
+
 Config parse_config(const char* num_devices, const char* memory, const char* logical,
                     const char* launch_blocking, const char* shareable, const char* host_memory,
-                    size_t detected_host_memory) {
+                    size_t detected_host_memory, const char* visible_devices) {
   Config c;
   if (auto s = value_of(num_devices)) {
     if (auto v = parse_int(*s, 0, kMaxCores)) c.physical_cores = static_cast<int>(*v);
@@ -147,14 +185,17 @@ Config parse_config(const char* num_devices, const char* memory, const char* log
     else c.warnings.push_back(ignored("AXON_SHAREABLE_MEMORY", *s, "0 or 1", "1"));
   }
 
-  c.device_count = c.physical_cores / c.cores_per_device;
+  c.visible = parse_visible_devices(visible_devices, c.physical_cores / c.cores_per_device,
+                                    &c.warnings);
+  c.device_count = static_cast<int>(c.visible.size());
   c.device_memory = c.core_memory * static_cast<size_t>(c.cores_per_device);
   // Leftover cores are legal but almost certainly a mistake worth a word.
   if (const int unused = c.physical_cores % c.cores_per_device; unused != 0) {
     c.warnings.push_back("axon: AXON_LOGICAL_CORE_CONFIG=" + std::to_string(c.cores_per_device) +
                          " does not divide AXON_NUM_DEVICES=" +
                          std::to_string(c.physical_cores) + "; " + std::to_string(unused) +
-                         " physical core(s) unused, " + std::to_string(c.device_count) +
+                         " physical core(s) unused, " +
+                         std::to_string(c.physical_cores / c.cores_per_device) +
                          " device(s) available");
   }
   const size_t total = c.device_memory * static_cast<size_t>(c.device_count);
@@ -174,7 +215,7 @@ const Config& config() noexcept {
         std::getenv("AXON_NUM_DEVICES"), std::getenv("AXON_DEVICE_MEMORY"),
         std::getenv("AXON_LOGICAL_CORE_CONFIG"), std::getenv("AXON_LAUNCH_BLOCKING"),
         std::getenv("AXON_SHAREABLE_MEMORY"), std::getenv("AXON_HOST_MEMORY"),
-        detect_host_memory());
+        detect_host_memory(), std::getenv("AXON_VISIBLE_DEVICES"));
     for (const auto& w : parsed.warnings) std::fprintf(stderr, "%s\n", w.c_str());
     return parsed;
   }();

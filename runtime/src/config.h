@@ -25,7 +25,11 @@ struct Config {
   // unknown (no limit).  The default AXON_DEVICE_MEMORY is
   // min(8GiB, host_memory / AXON_NUM_DEVICES), rounded down to a MiB.
   size_t host_memory = 0;
-  // Derived: the logical devices the runtime exposes.
+  // AXON_VISIBLE_DEVICES (as CUDA_VISIBLE_DEVICES): the index, among the
+  // devices AXON_NUM_DEVICES / AXON_LOGICAL_CORE_CONFIG define, of each
+  // device the process sees, in the order given; unset: all of them.
+  std::vector<int> visible;
+  // Derived: the logical devices the runtime exposes (visible.size()).
   int device_count = 8;
   size_t device_memory = size_t{8} << 30;
   // One line per ignored or surprising value, printed once to stderr.
@@ -37,7 +41,16 @@ struct Config {
 // detected_host_memory: what the host has (0: unknown, no limit).
 Config parse_config(const char* num_devices, const char* memory, const char* logical,
                     const char* launch_blocking = nullptr, const char* shareable = nullptr,
-                    const char* host_memory = nullptr, size_t detected_host_memory = 0);
+                    const char* host_memory = nullptr, size_t detected_host_memory = 0,
+                    const char* visible_devices = nullptr);
+
+// AXON_VISIBLE_DEVICES, as CUDA reads CUDA_VISIBLE_DEVICES: comma-separated
+// indices of the `defined` devices; a blank value hides every device; the
+// list ends at the first entry that is not an index below `defined` or that
+// repeats one (a negative one ends it silently, the usual "-1" meaning "no
+// device"; any other adds a warning).  null: every device, in order.
+std::vector<int> parse_visible_devices(const char* raw, int defined,
+                                       std::vector<std::string>* warnings);
 
 // The configuration of this process (parsed on first call, thread-safe).
 const Config& config() noexcept;

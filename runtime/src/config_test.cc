@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "axon/env.h"
 #include "bytes.h"
@@ -136,6 +138,68 @@ TEST(ParseConfig, DeviceCountIsCappedAtWhatPyTorchIndexes) {
   ASSERT_EQ(bad.warnings.size(), 1u);
   EXPECT_NE(bad.warnings[0].find("0..255 with AXON_LOGICAL_CORE_CONFIG=2"), std::string::npos)
       << bad.warnings[0];
+}
+
+TEST(ParseVisibleDevices, UnsetIsEveryDeviceInOrder) {
+  std::vector<std::string> w;
+  EXPECT_EQ(parse_visible_devices(nullptr, 3, &w), (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(w.empty());
+}
+
+TEST(ParseVisibleDevices, ListedDevicesInTheGivenOrder) {
+  std::vector<std::string> w;
+  EXPECT_EQ(parse_visible_devices("2,0", 4, &w), (std::vector<int>{2, 0}));
+  EXPECT_EQ(parse_visible_devices(" 3 , 1 ", 4, &w), (std::vector<int>{3, 1}));
+  EXPECT_TRUE(w.empty());
+}
+
+TEST(ParseVisibleDevices, BlankOrNegativeHidesDevicesSilently) {
+  std::vector<std::string> w;
+  EXPECT_TRUE(parse_visible_devices("", 4, &w).empty());
+  EXPECT_TRUE(parse_visible_devices("  ", 4, &w).empty());
+  EXPECT_TRUE(parse_visible_devices("-1", 4, &w).empty());
+  // As CUDA: the list ends at a negative entry.
+  EXPECT_EQ(parse_visible_devices("1,-1,2", 4, &w), (std::vector<int>{1}));
+  EXPECT_TRUE(w.empty());
+}
+
+TEST(ParseVisibleDevices, AnInvalidEntryEndsTheListWithAWarning) {
+  struct Case {
+    const char* value;
+    std::vector<int> visible;
+    const char* why;
+  };
+  for (const Case& c : {Case{"1,7,2", {1}, "device 7 does not exist (4 device(s) defined"},
+                        Case{"0,x,2", {0}, "'x' is not a device index"},
+                        Case{"0,1,0", {0, 1}, "device 0 is listed twice"},
+                        Case{"2,,3", {2}, "'' is not a device index"},
+                        Case{"1.5", {}, "'1.5' is not a device index"}}) {
+    std::vector<std::string> w;
+    EXPECT_EQ(parse_visible_devices(c.value, 4, &w), c.visible) << c.value;
+    ASSERT_EQ(w.size(), 1u) << c.value;
+    EXPECT_NE(w[0].find(std::string("AXON_VISIBLE_DEVICES='") + c.value + "': " + c.why),
+              std::string::npos)
+        << w[0];
+    EXPECT_NE(w[0].find("(" + std::to_string(c.visible.size()) + " device(s) visible)"),
+              std::string::npos)
+        << w[0];
+  }
+}
+
+TEST(ParseConfig, VisibleDevicesSetTheCountOverLogicalDevices) {
+  // 8 cores in logical devices of 2: devices 0..3; "3,1" shows two of them.
+  Config c = parse_config("8", "1GiB", "2", nullptr, nullptr, nullptr, 0, "3,1");
+  EXPECT_EQ(c.device_count, 2);
+  EXPECT_EQ(c.visible, (std::vector<int>{3, 1}));
+  EXPECT_EQ(c.device_memory, 2 * kGiB);
+  EXPECT_TRUE(c.warnings.empty());
+  Config hidden = parse_config("8", nullptr, nullptr, nullptr, nullptr, nullptr, 0, "");
+  EXPECT_EQ(hidden.device_count, 0);
+  Config past = parse_config("8", nullptr, "2", nullptr, nullptr, nullptr, 0, "4");
+  EXPECT_EQ(past.device_count, 0);
+  ASSERT_EQ(past.warnings.size(), 1u);
+  EXPECT_NE(past.warnings[0].find("device 4 does not exist (4 device(s) defined"),
+            std::string::npos);
 }
 
 TEST(ParseConfig, BooleansWarnLikeTheOthers) {

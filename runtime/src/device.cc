@@ -114,7 +114,7 @@ DeviceProperties get_device_properties(int d) {
   check_device(d);
   const Config& c = config();
   return DeviceProperties{"Axon simulated device", c.device_memory, c.cores_per_device,
-                          c.cores_per_device, true};
+                          c.cores_per_device, true, c.visible[static_cast<size_t>(d)]};
 }
 
 int current_device() noexcept { return t_current_device; }

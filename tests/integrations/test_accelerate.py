@@ -87,6 +87,31 @@ def test_launch_starts_one_process_per_axon_device(tmp_path, argv, devices, proc
                      for r in range(processes)]
 
 
+@pytest.mark.parametrize("argv,processes", [(["--num_processes=2", "--gpu_ids=3,1"], 2),
+                                             (["--num_processes=1", "--gpu_ids=2"], 1)])
+def test_launch_gpu_ids_choose_the_axon_devices(tmp_path, argv, processes):
+    """`--gpu_ids` makes only those devices visible to the launched processes
+    (AXON_VISIBLE_DEVICES), as CUDA_VISIBLE_DEVICES does on CUDA: rank r runs on
+    axon:r, which is the r-th listed device."""
+    (tmp_path / "script.py").write_text(RANK_SCRIPT + textwrap.dedent("""
+        import os
+        with open(f"visible{a.process_index}.txt", "w") as f:
+            f.write(f"{os.environ['AXON_VISIBLE_DEVICES']} {torch.axon.device_count()} "
+                    f"{torch.axon.get_device_properties(a.device).pci_device_id}")
+    """))
+    out = _cli([str(BIN / "accelerate"), "launch", *argv, "script.py"], tmp_path,
+               AXON_NUM_DEVICES="4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    ids = argv[1].split("=")[1]
+    total = 3.0 * sum(range(1, processes + 1))
+    kind = "MULTI_GPU" if processes > 1 else "NO"
+    assert _ranks(tmp_path) == [[str(r), str(processes), f"axon:{r}", kind, str(total)]
+                                for r in range(processes)]
+    seen = [(tmp_path / f"visible{r}.txt").read_text().split() for r in range(processes)]
+    listed = [int(i) for i in ids.split(",")]
+    assert seen == [[ids, str(len(listed)), str(listed[r])] for r in range(processes)]
+
+
 def test_launch_with_the_default_config(tmp_path):
     """`accelerate config default`, then `accelerate launch script.py` reads that config."""
     (tmp_path / "script.py").write_text(RANK_SCRIPT)

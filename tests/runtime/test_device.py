@@ -134,6 +134,115 @@ def test_device_count_follows_environment():
     assert r.stdout.split() == ["2", "2", str(2 * 64 * 2**20), "2"]
 
 
+def test_visible_devices_choose_and_order_the_devices():
+    """AXON_VISIBLE_DEVICES, as CUDA_VISIBLE_DEVICES: "3,1" of 4 devices makes
+    device 3 axon:0 and device 1 axon:1; a device keeps its uuid (and pci_device_id)
+    whatever its index; others are invalid indices; work runs as on any device."""
+    script = """
+        import torch
+        x = torch.randn(5, 7, dtype=torch.bfloat16)
+        y = (x.to("axon:1") * 3 + 1).sum(0).cpu()
+        assert torch.equal(y, (x * 3 + 1).sum(0)), "axon:1 differs from the CPU"
+        print(torch.axon.device_count(), torch.accelerator.device_count())
+        for i in range(torch.axon.device_count()):
+            p = torch.axon.get_device_properties(i)
+            print(p.pci_device_id, p.uuid)
+        try:
+            torch.empty(1, device=f"axon:{torch.axon.device_count()}")
+        except RuntimeError as e:
+            print("RAISED", str(e).splitlines()[0])
+    """
+    shown = run_python(script, env={"AXON_NUM_DEVICES": "4", "AXON_VISIBLE_DEVICES": "3,1"})
+    every = run_python(script, env={"AXON_NUM_DEVICES": "4"})
+    assert shown.returncode == 0 and every.returncode == 0, shown.stderr + every.stderr
+    assert shown.stderr == "", shown.stderr
+    lines, all_lines = shown.stdout.splitlines(), every.stdout.splitlines()
+    assert lines[0] == "2 2" and all_lines[0] == "4 4"
+    by_id = dict(line.split() for line in all_lines[1:5])
+    assert [line.split() for line in lines[1:3]] == [["3", by_id["3"]], ["1", by_id["1"]]]
+    assert lines[3] == ("RAISED Invalid device index: axon:2; the device count is 2 "
+                        "(valid indices are 0..1)"), lines[3]
+
+
+@pytest.mark.parametrize("value", ["", "-1"])
+def test_visible_devices_blank_or_negative_hides_every_device(value):
+    r = run_python("""
+        import torch
+        print(torch.axon.is_available(), torch.axon.device_count(),
+              torch.accelerator.is_available())
+    """, env={"AXON_VISIBLE_DEVICES": value})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "0", "False"]
+
+
+def test_visible_devices_end_at_an_invalid_entry_with_a_warning():
+    r = run_python("""
+        import torch
+        torch.ones(1, device="axon")
+        print(torch.axon.device_count(), torch.axon.get_device_properties(0).pci_device_id)
+    """, env={"AXON_NUM_DEVICES": "4", "AXON_VISIBLE_DEVICES": "2,9,1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "2"]
+    assert r.stderr.count("AXON_VISIBLE_DEVICES") == 1, r.stderr
+    assert ("axon: AXON_VISIBLE_DEVICES='2,9,1': device 9 does not exist (4 device(s) defined "
+            "by AXON_NUM_DEVICES / AXON_LOGICAL_CORE_CONFIG); the list ends there "
+            "(1 device(s) visible)") in r.stderr
+
+
+def test_device_properties_have_torch_cuda_fields():
+    """Every field of torch.cuda's device properties (torch._C._CudaDeviceProperties'
+    stub, which the CPU build still ships) exists with its type; the host-derived
+    ones are what the host reports."""
+    import ast
+    import os
+
+    stub = os.path.join(os.path.dirname(torch.__file__), "_C", "__init__.pyi")
+    tree = ast.parse(open(stub).read())
+    cls = next(n for n in tree.body
+               if isinstance(n, ast.ClassDef) and n.name == "_CudaDeviceProperties")
+    fields = {n.target.id: n.annotation.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    assert len(fields) >= 17, fields  # the stub as of torch 2.13
+    p = torch.axon.get_device_properties(0)
+    kinds = {"_int": int, "str": str}
+    for name, kind in fields.items():
+        value = getattr(p, name)
+        if name == "uuid":
+            value = str(value)
+        assert isinstance(value, kinds[kind]), (name, value)
+    for name in ("max_threads_per_block", "regs_per_multiprocessor",
+                 "shared_memory_per_block_optin", "pci_bus_id", "pci_device_id", "pci_domain_id"):
+        assert isinstance(getattr(p, name), int), name
+    assert p.pci_device_id == 0 and torch.axon.get_device_properties(3).pci_device_id == 3
+    assert p.max_threads_per_block == p.max_threads_per_multi_processor == 1
+    l1 = "/sys/devices/system/cpu/cpu0/cache/index0/size"
+    if os.path.exists(l1):
+        assert p.shared_memory_per_block > 0 and p.shared_memory_per_block < p.L2_cache_size
+    freq = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"
+    if os.path.exists(freq):
+        assert p.clock_rate == int(open(freq).read())
+    else:
+        assert p.clock_rate >= 0
+
+
+def test_without_devices_memory_statistics_are_empty():
+    """As torch.cuda's without a device: nothing is allocated, the summary is zeros;
+    device calls still raise."""
+    r = run_python("""
+        import torch
+        print(torch.axon.memory_allocated(), torch.axon.max_memory_allocated(),
+              torch.axon.memory_reserved(), torch.axon.max_memory_reserved(),
+              dict(torch.axon.memory_stats()))
+        assert "Allocated memory" in torch.axon.memory_summary()
+        try:
+            torch.axon.mem_get_info()
+        except RuntimeError as e:
+            print("RAISED", str(e).splitlines()[0])
+    """, env={"AXON_NUM_DEVICES": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "0 0 0 0 {}", "RAISED Invalid device index: axon:0; no axon device is available"]
+
+
 def test_current_device_and_set_device():
     assert torch.axon.current_device() == 0
     torch.axon.set_device(3)

@@ -126,15 +126,26 @@ def synchronize(device: _DeviceLike = None) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _AxonDeviceProperties:
-    """torch.cuda's device properties, for an axon device.  A compute unit is a
-    host core the device's kernels run on; ``warp_size`` is the float32 lanes of
-    one vector instruction of its kernels; ``L2_cache_size`` is its cores' L2;
-    ``uuid`` is the same for this device of this machine in every process."""
+    """torch.cuda's device properties, for an axon device.
+
+    A compute unit (``multi_processor_count``) is a host core the device's
+    kernels run on, one thread each (``max_threads_per_block`` and
+    ``max_threads_per_multi_processor`` are 1); ``warp_size`` is the float32
+    lanes of one vector instruction of its kernels and
+    ``regs_per_multiprocessor`` its vector registers; ``L2_cache_size`` is its
+    cores' L2 and the ``shared_memory_*`` sizes one core's L1 data cache (where
+    a kernel's tile lives); ``clock_rate`` is the cores' top clock in kHz.
+    ``memory_clock_rate`` and ``memory_bus_width`` are 0: the device's memory is
+    the host's, whose clock the host does not report.  ``uuid`` is the same for
+    this device of this machine in every process, whatever
+    ``AXON_VISIBLE_DEVICES`` makes its index; ``pci_device_id`` is its index
+    before ``AXON_VISIBLE_DEVICES`` (``system_index``)."""
     name: str
     total_memory: int
     multi_processor_count: int
     physical_cores: int
     host_accessible: bool
+    system_index: int = 0
     major: int = 1
     minor: int = 0
     uuid: uuid_lib.UUID | None = None
@@ -142,29 +153,48 @@ class _AxonDeviceProperties:
     warp_size: int = 1
     is_integrated: int = 0
     is_multi_gpu_board: int = 0
+    max_threads_per_multi_processor: int = 1
+    max_threads_per_block: int = 1
+    regs_per_multiprocessor: int = 16
+    shared_memory_per_block: int = 0
+    shared_memory_per_block_optin: int = 0
+    shared_memory_per_multiprocessor: int = 0
+    clock_rate: int = 0
+    memory_clock_rate: int = 0
+    memory_bus_width: int = 0
+    gcnArchName: str = "axon"
+    pci_bus_id: int = 0
+    pci_device_id: int = 0
+    pci_domain_id: int = 0
 
     def __repr__(self) -> str:
         return (f"_AxonDeviceProperties(name='{self.name}', major={self.major}, "
                 f"minor={self.minor}, total_memory={self.total_memory // (1 << 20)}MB, "
                 f"multi_processor_count={self.multi_processor_count}, uuid={self.uuid}, "
+                f"pci_bus_id={self.pci_bus_id}, pci_device_id={self.pci_device_id}, "
+                f"pci_domain_id={self.pci_domain_id}, "
                 f"L2_cache_size={self.L2_cache_size // (1 << 20)}MB)")
 
 
-def _l2_bytes_per_core() -> int:
-    """The L2 cache of one core: the level-2 cache of cpu0 over the CPUs sharing it."""
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _cache_bytes_per_core(level: int, kind: str = "") -> int:
+    """A cache of cpu0 at `level` (of type `kind`, e.g. "Data", if given) over the
+    CPUs sharing it; 0 when the host does not say."""
     import glob
 
     for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
-        try:
-            with open(f"{index}/level") as f:
-                if f.read().strip() != "2":
-                    continue
-            with open(f"{index}/size") as f:
-                text = f.read().strip()
-            with open(f"{index}/shared_cpu_list") as f:
-                shared = f.read().strip()
-        except OSError:
+        if _read(f"{index}/level") != str(level):
             continue
+        if kind and _read(f"{index}/type") not in (kind, "Unified"):
+            continue
+        text, shared = _read(f"{index}/size"), _read(f"{index}/shared_cpu_list")
         scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
         digits = text.rstrip("KkMmGg")
         if not digits.isdigit():
@@ -172,33 +202,53 @@ def _l2_bytes_per_core() -> int:
         cpus = 0
         for part in shared.split(","):
             lo, _, hi = part.partition("-")
-            cpus += int(hi) - int(lo) + 1 if hi else 1
+            if lo.isdigit() and (not hi or hi.isdigit()):
+                cpus += int(hi) - int(lo) + 1 if hi else 1
         return int(digits) * scale // max(1, cpus)
     return 0
 
 
+def _l2_bytes_per_core() -> int:
+    """The L2 cache of one core: the level-2 cache of cpu0 over the CPUs sharing it."""
+    return _cache_bytes_per_core(2)
+
+
+def _clock_khz() -> int:
+    """The host cores' top clock in kHz (cpufreq's, else /proc/cpuinfo's); 0 if unknown."""
+    khz = _read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    if khz.isdigit():
+        return int(khz)
+    for line in _read("/proc/cpuinfo").splitlines():
+        if line.startswith("cpu MHz"):
+            try:
+                return int(float(line.split(":", 1)[1]) * 1000)
+            except ValueError:
+                return 0
+    return 0
+
+
 @functools.lru_cache(maxsize=None)
-def _static_properties(index: int) -> dict:
-    machine = ""
-    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
-        try:
-            with open(path) as f:
-                machine = f.read().strip()
-            break
-        except OSError:
-            pass
-    lanes = {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability(), 4)
+def _static_properties(system_index: int) -> dict:
+    machine = _read("/etc/machine-id") or _read("/var/lib/dbus/machine-id")
+    capability = torch.backends.cpu.get_cpu_capability()
+    lanes = {"AVX512": 16, "AVX2": 8}.get(capability, 4)
+    l1d = _cache_bytes_per_core(1, "Data")
     return {"uuid": uuid_lib.uuid5(uuid_lib.NAMESPACE_OID,
-                                   f"torch-axon/{machine or platform.node()}/{index}"),
-            "warp_size": lanes}
+                                   f"torch-axon/{machine or platform.node()}/{system_index}"),
+            "warp_size": lanes,
+            "regs_per_multiprocessor": 32 if capability == "AVX512" else 16,
+            "shared_memory_per_block": l1d, "shared_memory_per_block_optin": l1d,
+            "shared_memory_per_multiprocessor": l1d,
+            "clock_rate": _clock_khz(), "pci_device_id": system_index}
 
 
 def get_device_properties(device: _DeviceLike = None) -> _AxonDeviceProperties:
-    """Name, memory capacity and compute units of an axon device."""
+    """Name, memory capacity, compute units and the other fields of torch.cuda's
+    device properties, for an axon device."""
     index = _get_device_index(device, optional=True)
     props = _C._get_device_properties(index)
     return _AxonDeviceProperties(
-        **props, **_static_properties(index),
+        **props, **_static_properties(props["system_index"]),
         L2_cache_size=_l2_bytes_per_core() * props["multi_processor_count"])
 
 

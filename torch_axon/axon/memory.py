@@ -82,6 +82,8 @@ def memory_stats(device=None) -> OrderedDict[str, Any]:
     allocator's waits for all pending frees (``empty_cache``, OOM retries).
     Private pools (MemPool, graphs) count in ``all`` and in the small/large
     pool of their segments, as CUDA's do."""
+    if _C._device_count() == 0:
+        return OrderedDict()  # as torch.cuda's with no device: nothing allocated
     stats = dict(torch.accelerator.memory_stats(_index(device)))
     stats.setdefault("num_oom_rejections", 0)
     return OrderedDict(sorted(stats.items()))
@@ -100,20 +102,29 @@ def memory_stats_as_nested_dict(device=None) -> dict[str, Any]:
 
 
 def memory_allocated(device=None) -> int:
-    """Bytes currently occupied by tensors on the device."""
+    """Bytes currently occupied by tensors on the device (0 without a device, as
+    torch.cuda's)."""
+    if _C._device_count() == 0:
+        return 0
     return torch.accelerator.memory_allocated(_index(device))
 
 
 def max_memory_allocated(device=None) -> int:
+    if _C._device_count() == 0:
+        return 0
     return torch.accelerator.max_memory_allocated(_index(device))
 
 
 def memory_reserved(device=None) -> int:
     """Bytes held by the caching allocator (allocated plus cached)."""
+    if _C._device_count() == 0:
+        return 0
     return torch.accelerator.memory_reserved(_index(device))
 
 
 def max_memory_reserved(device=None) -> int:
+    if _C._device_count() == 0:
+        return 0
     return torch.accelerator.max_memory_reserved(_index(device))
 
 
@@ -139,7 +150,7 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     as ``torch.cuda.memory_summary``'s (current, peak, total allocated and total
     freed of each statistic; per pool unless ``abbreviated``)."""
     device = _index(device)
-    stats = memory_stats(device)
+    stats = memory_stats(device)  # empty without a device: a summary of zeros
 
     def size(n: int, ref: int) -> str:
         unit = "B  "

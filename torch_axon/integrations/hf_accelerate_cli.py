@@ -103,6 +103,39 @@ def launch_process_count(launch) -> None:
     launch._validate_launch_command = _validate_launch_command
 
 
+@on_import("accelerate.utils.launch")
+def launch_gpu_ids(launch) -> None:
+    """Patch ``accelerate.utils.launch``'s ``prepare_simple_launcher_cmd_env``,
+    ``prepare_multi_gpu_env`` and ``prepare_deepspeed_cmd_env``.
+
+    ``accelerate launch --gpu_ids=1,3`` restricts the launched processes to those
+    devices by setting the first matching kind's variable (``ZE_AFFINITY_MASK``,
+    ..., else ``CUDA_VISIBLE_DEVICES``), which an axon process ignores: every
+    rank saw every device.  Where axon is torch's accelerator, the wrappers also
+    set ``AXON_VISIBLE_DEVICES`` to the ids in the launched processes' environment.
+    """
+    def visible(args, env: dict) -> None:
+        gpu_ids = getattr(args, "gpu_ids", "all")
+        if gpu_ids not in (None, "all") and axon_is_the_accelerator():
+            env["AXON_VISIBLE_DEVICES"] = str(gpu_ids)
+
+    for name, returns_cmd in (("prepare_simple_launcher_cmd_env", True),
+                              ("prepare_multi_gpu_env", False),
+                              ("prepare_deepspeed_cmd_env", True)):
+        original = getattr(launch, name, None)
+        if original is None or getattr(original, "_axon_patch", False):
+            continue
+
+        def wrapper(args, *rest, _original=original, _returns_cmd=returns_cmd, **kwargs):
+            result = _original(args, *rest, **kwargs)
+            visible(args, result[1] if _returns_cmd else result)
+            return result
+
+        functools.update_wrapper(wrapper, original)
+        wrapper._axon_patch = True
+        replace_function(launch, name, wrapper)
+
+
 @on_import("accelerate.commands.env")
 def env_reports_axon(env) -> None:
     """Patch ``accelerate.commands.env.env_command``.

@@ -123,6 +123,7 @@ struct DeviceProperties {
   int compute_units;       // compute threads of the device
   int physical_cores;      // physical cores grouped into this logical device
   bool host_accessible;    // device memory can be read/written by the host
+  int system_index;        // index among all devices, before AXON_VISIBLE_DEVICES
 };
 
 // Number of logical devices.  Never throws; 0 means no device.
@@ -135,6 +136,9 @@ struct DeviceProperties {
 //   AXON_LOGICAL_CORE_CONFIG  physical cores per logical device (default 1):
 //                             device_count = AXON_NUM_DEVICES / N, memory and
 //                             compute units x N
+//   AXON_VISIBLE_DEVICES      the devices this process sees, as CUDA_VISIBLE_DEVICES:
+//                             "2,0" makes device 2 axon:0 and device 0 axon:1;
+//                             "" or "-1" hides every device (default: all)
 //   AXON_LAUNCH_BLOCKING=1    every launch and copy completes before returning
 // At most 127 devices (PyTorch's 8-bit device index); a larger count is
 // ignored with a warning, like every other bad value.  The default memory is
