@@ -338,6 +338,52 @@ void sparseFallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/)
 void sparseCsrFallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
   sparse_unsupported(op_name(op.schema()), c10::kSparseCsr);
 }
+// Sparse compressed tensors (CSR, CSC, BSR, BSC) are made by composite ops
+// straight from their index and value tensors, so no kernel of the keys
+// above runs until one is used, and then an op with a composite kernel
+// (values(), crow_indices(), .cpu()) fails with a misleading layout error.
+// Their constructors raise instead, for axon tensors, an axon device, or a
+// CPU tensor's .to("axon") (which builds the axon tensor with
+// _sparse_compressed_tensor_unsafe on SparseCsrPrivateUse1).
+void sparseCompressedConstructor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const std::string name = op.schema().name();
+  c10::Layout layout = name.find("csc") != std::string::npos   ? c10::kSparseCsc
+                       : name.find("bsr") != std::string::npos ? c10::kSparseBsr
+                       : name.find("bsc") != std::string::npos ? c10::kSparseBsc
+                                                               : c10::kSparseCsr;
+  const auto& args = op.schema().arguments();
+  const size_t first = stack->size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    if (args[i].name() == "layout" && v.isInt()) layout = static_cast<c10::Layout>(v.toInt());
+  }
+  sparse_unsupported(op_name(op.schema()), layout);
+}
+constexpr const char* kSparseCompressedConstructors[] = {
+    "sparse_compressed_tensor.comp_plain_value_size",
+    "sparse_compressed_tensor.comp_plain_value",
+    "sparse_csr_tensor.crow_col_value_size",
+    "sparse_csr_tensor.crow_col_value",
+    "sparse_csc_tensor.ccol_row_value_size",
+    "sparse_csc_tensor.ccol_row_value",
+    "sparse_bsr_tensor.crow_col_value_size",
+    "sparse_bsr_tensor.crow_col_value",
+    "sparse_bsc_tensor.ccol_row_value_size",
+    "sparse_bsc_tensor.ccol_row_value",
+    "_sparse_compressed_tensor_unsafe",
+    "_sparse_csr_tensor_unsafe",
+    "_sparse_csc_tensor_unsafe",
+    "_sparse_bsr_tensor_unsafe",
+    "_sparse_bsc_tensor_unsafe",
+    "_sparse_compressed_tensor_with_dims",
+};
+void registerSparseCompressedConstructors(torch::Library& m) {
+  for (const char* op : kSparseCompressedConstructors)
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&sparseCompressedConstructor>());
+}
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { registerSparseCompressedConstructors(m); }
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) { registerSparseCompressedConstructors(m); }
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) { registerSparseCompressedConstructors(m); }
 // Nested tensors of the strided layout (NestedTensorImpl) have no
 // NestedTensorPrivateUse1 kernels: every op on one stops here, with the way
 // that works (the jagged layout is a Python subclass over ordinary axon
@@ -352,6 +398,16 @@ void nestedFallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/)
 }
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&nestedFallback>());
+}
+// Made from a list of axon tensors (torch.nested.nested_tensor / as_nested_tensor
+// of the strided layout), one would only fail at its first use: refuse it here.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_nested_tensor_from_tensor_list",
+         torch::CppFunction::makeFromBoxedFunction<&nestedFallback>());
+}
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("_nested_tensor_from_tensor_list",
+         torch::CppFunction::makeFromBoxedFunction<&nestedFallback>());
 }
 // Their metadata (host tensors) is readable: autograd reads it when one is made
 // from axon tensors that require grad (InputMetadata), inside code that cannot

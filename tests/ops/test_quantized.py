@@ -143,6 +143,43 @@ SPARSE_CASES = {
     "embedding_sparse_grad": lambda: torch.nn.Embedding(10, 4, sparse=True).to(AXON)(
         torch.tensor([1, 2], device=AXON)).sum().backward(),
 }
+# Sparse compressed tensors are made by composite ops from their index and value
+# tensors: each constructor must refuse (these were made, and then values(), .cpu()
+# or printing failed with a misleading layout error).
+_CROW, _COL, _VAL = torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.tensor([1.0, 2.0])
+SPARSE_COMPRESSED_CASES = {
+    "csr_device": (torch.sparse_csr, lambda: torch.sparse_csr_tensor(
+        _CROW, _COL, _VAL, (2, 2), device=AXON)),
+    "csr_no_size": (torch.sparse_csr, lambda: torch.sparse_csr_tensor(
+        _CROW, _COL, _VAL, device=AXON)),
+    "csr_from_axon_tensors": (torch.sparse_csr, lambda: torch.sparse_csr_tensor(
+        _CROW.to(AXON), _COL.to(AXON), _VAL.to(AXON), (2, 2))),
+    "csc_device": (torch.sparse_csc, lambda: torch.sparse_csc_tensor(
+        _CROW, _COL, _VAL, (2, 2), device=AXON)),
+    "bsr_device": (torch.sparse_bsr, lambda: torch.sparse_bsr_tensor(
+        _CROW, _COL, _VAL.reshape(2, 1, 1), (2, 2), device=AXON)),
+    "bsc_no_size": (torch.sparse_bsc, lambda: torch.sparse_bsc_tensor(
+        _CROW, _COL, _VAL.reshape(2, 1, 1), device=AXON)),
+    "compressed_csc": (torch.sparse_csc, lambda: torch.sparse_compressed_tensor(
+        _CROW, _COL, _VAL, (2, 2), layout=torch.sparse_csc, device=AXON)),
+    "cpu_csr_to_axon": (torch.sparse_csr, lambda: torch.sparse_csr_tensor(
+        _CROW, _COL, _VAL, (2, 2)).to(AXON)),
+    "cpu_bsc_to_axon": (torch.sparse_bsc, lambda: torch.sparse_bsc_tensor(
+        _CROW, _COL, _VAL.reshape(2, 1, 1), (2, 2)).to(AXON)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPARSE_COMPRESSED_CASES))
+def test_sparse_compressed_tensors_are_refused_where_they_are_made(case):
+    layout, make_it = SPARSE_COMPRESSED_CASES[case]
+    name = {torch.sparse_csr: "SparseCsr", torch.sparse_csc: "SparseCsc",
+            torch.sparse_bsr: "SparseBsr", torch.sparse_bsc: "SparseBsc"}[layout]
+    with pytest.raises(NotImplementedError,
+                       match=f"needs a tensor of layout {name}, and axon has only strided"):
+        make_it()
+    # the same on the CPU works, and the device keeps working
+    dense = torch.sparse_csr_tensor(_CROW, _COL, _VAL, (2, 2)).to_dense()
+    assert_same(dense.to(AXON) * 2, dense * 2)
 
 
 @pytest.mark.parametrize("case", sorted(SPARSE_CASES))
@@ -168,6 +205,15 @@ NESTED_CASES = {
         [torch.ones(2, 3), torch.ones(4, 3)], device=AXON).relu(),
     "axon_nested_to_cpu": lambda: torch.nested.nested_tensor(
         [torch.ones(2, 3), torch.ones(4, 3)], device=AXON).cpu(),
+    # made, with nothing done to it: refused at once, not at its first use
+    "made_with_device": lambda: torch.nested.nested_tensor(
+        [torch.ones(2, 3), torch.ones(4, 3)], device=AXON),
+    "made_from_axon_tensors": lambda: torch.nested.nested_tensor(
+        [torch.ones(2, 3, device=AXON), torch.ones(4, 3, device=AXON)]),
+    "as_nested_from_axon_tensors": lambda: torch.nested.as_nested_tensor(
+        [torch.ones(2, 3, device=AXON), torch.ones(4, 3, device=AXON)]),
+    "as_nested_with_device": lambda: torch.nested.as_nested_tensor(
+        [torch.ones(2, 3), torch.ones(4, 3)], None, AXON),
 }
 
 

@@ -70,3 +70,44 @@ def jagged_sdpa_math_path(ops) -> None:
 
     patched._axon_patch = True
     ops.jagged_scaled_dot_product_attention = patched
+
+
+@on_import("torch.nested")
+def strided_nested_on_axon_refused(nested) -> None:
+    """Patch ``torch.nested.nested_tensor`` and ``torch.nested.as_nested_tensor``.
+
+    Of the strided layout (the default) with ``device="axon"`` and CPU tensors
+    or data, upstream builds the nested tensor on the CPU and moves its buffer
+    to axon inside one CPU kernel, so no axon kernel refuses it (made from axon
+    tensors, ``_nested_tensor_from_tensor_list`` does: csrc/aten/Fallback.cpp),
+    and it failed only at its first use.  The wrappers raise that first use's
+    error at the call; the jagged layout and other devices are upstream's.
+    """
+    import inspect
+
+    from ._tools import replace_function
+
+    for name in ("nested_tensor", "as_nested_tensor"):
+        original = getattr(nested, name)
+        if getattr(original, "_axon_patch", False):
+            continue
+        signature = inspect.signature(original)
+
+        def wrapper(*args, _original=original, _signature=signature, _name=name, **kwargs):
+            bound = _signature.bind(*args, **kwargs).arguments
+            layout, device = bound.get("layout"), bound.get("device")
+            if layout in (None, torch.strided) and device is not None:
+                if isinstance(device, int):
+                    device = torch.device(torch.accelerator.current_accelerator().type, device)
+                if torch.device(device).type == "axon":
+                    raise NotImplementedError(
+                        f"Could not run 'torch.nested.{_name}' on axon: it makes a nested "
+                        "tensor of the strided layout, which axon does not support (no "
+                        "NestedTensorPrivateUse1 kernels). Use the jagged layout "
+                        f"(torch.nested.{_name}(..., layout=torch.jagged)), which works on "
+                        "axon, or keep strided nested tensors on the CPU.")
+            return _original(*args, **kwargs)
+
+        functools.update_wrapper(wrapper, original)
+        wrapper._axon_patch = True
+        replace_function(nested, name, wrapper)
