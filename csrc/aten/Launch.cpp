@@ -1,16 +1,20 @@
 // Launching stream work with host-side checks (Launch.h): signatures, the
 // synchronous first run of each, host warnings; device allocation helpers.
 #include "Launch.h"
+
 #include "../core/AxonGraph.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_set>
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/bit_cast.h>
 #include <c10/util/hash.h>
@@ -194,7 +198,7 @@ void Signature::device_tensor(const void* storage_data, int64_t offset, c10::Int
                               c10::IntArrayRef strides, caffe2::TypeMeta dtype, bool conj,
                               bool neg) {
   mix(0x61 + static_cast<uint64_t>(dtype.toScalarType()) * 4 + (conj ? 1 : 0) + (neg ? 2 : 0));
-  if (!full) return;
+  if (!full) return alias_class(storage_data, offset, sizes, strides, dtype.itemsize());
   mix(sizes.size());
   for (int64_t v : sizes) mix(static_cast<uint64_t>(v));
   for (int64_t v : strides) mix(static_cast<uint64_t>(v));
@@ -243,6 +247,52 @@ void Signature::tensor(const at::Tensor& t) {
   }
   device_tensor(t.storage().data(), t.storage_offset(), t.sizes(), t.strides(), t.dtype(),
                 t.is_conj(), t.is_neg());
+}
+
+void Signature::alias_class(const void* storage_data, int64_t offset, c10::IntArrayRef sizes,
+                            c10::IntArrayRef strides, size_t itemsize) {
+  // Itself: 1 when a dim of several elements has stride 0 (expanded); 0 when
+  // the dims, by increasing stride, each step past all of the smaller ones
+  // (no element is reached twice); 2 when that is not known.
+  c10::SmallVector<std::pair<int64_t, int64_t>, 6> dims;  // (stride, size)
+  int64_t span = 0;  // elements from the first to the last, minus one
+  bool empty = false;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) empty = true;
+    if (sizes[d] <= 1) continue;
+    dims.emplace_back(std::abs(strides[d]), sizes[d]);
+    span += (sizes[d] - 1) * std::abs(strides[d]);
+  }
+  uint64_t self = 0;
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;
+  for (const auto& [stride, size] : dims) {
+    if (stride == 0) {
+      self = 1;
+      break;
+    }
+    if (stride <= reach) self = 2;
+    reach += (size - 1) * stride;
+  }
+  mix(0xd1 + (empty ? 3 : self));
+  if (empty) return;
+  // The earlier tensors of the same storage: disjoint bytes (0), the same
+  // view (1), or overlapping bytes (2).
+  const int64_t item = static_cast<int64_t>(itemsize);
+  const int64_t begin = offset * item, end = begin + (span + 1) * item;
+  uint64_t geometry = sizes.size();
+  for (int64_t v : sizes) geometry = c10::hash_combine(geometry, static_cast<uint64_t>(v));
+  for (int64_t v : strides) geometry = c10::hash_combine(geometry, static_cast<uint64_t>(v));
+  geometry = c10::hash_combine(geometry, itemsize);
+  for (size_t i = 0; i < extents.size(); ++i) {
+    const Extent& e = extents[i];
+    if (e.storage != storage_data) continue;
+    const uint64_t relation = (e.end <= begin || end <= e.begin) ? 0
+                              : (e.begin == begin && e.geometry == geometry) ? 1
+                                                                              : 2;
+    mix(0xe1 + i * 4 + relation);
+  }
+  extents.push_back({storage_data, begin, end, geometry});
 }
 
 void Signature::string(std::string_view s) { mix(std::hash<std::string_view>{}(s)); }

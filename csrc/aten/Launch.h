@@ -43,7 +43,9 @@ enum class HostChecks {
   // The host ran the op's complete checks (a structured meta function on the
   // axon tensors, or checks written out): dtypes, conj/neg bits, the kind
   // and range class of Scalars (what conversions to each dtype would
-  // overflow), and the values of non-tensor arguments.
+  // overflow), the values of non-tensor arguments, and how device tensors
+  // overlap themselves and one another (which meta functions leave to the
+  // CPU kernel).
   kMeta,
   // The host's checks may be partial (Meta kernels on meta stand-ins, hand
   // written shape logic): kMeta plus every tensor's sizes and strides, which
@@ -65,6 +67,14 @@ struct Signature {
   // Device storages seen so far (data pointer, byte offset of the first view
   // of it): aliasing is hashed as (which storage, offset relative to it).
   c10::SmallVector<std::pair<const void*, int64_t>, 6> storages;
+  // kMeta: the device tensors seen so far, as (storage, first byte, end byte,
+  // geometry hash), for the aliasing class below.
+  struct Extent {
+    const void* storage;
+    int64_t begin, end;
+    uint64_t geometry;
+  };
+  c10::SmallVector<Extent, 6> extents;
 
   void mix(uint64_t v) {
     uint64_t z = hash ^ (v + 0x9e3779b97f4a7c15ULL);
@@ -77,6 +87,13 @@ struct Signature {
   // A device tensor given by its storage's data, geometry and dtype.
   void device_tensor(const void* storage_data, int64_t offset, c10::IntArrayRef sizes,
                      c10::IntArrayRef strides, caffe2::TypeMeta dtype, bool conj, bool neg);
+  // kMeta: how a device tensor overlaps itself and the earlier arguments
+  // (none, fully, partly, too hard to tell).  Meta functions do not check
+  // that (TensorIterator and the CPU kernels do, an out= that overlaps its
+  // input or itself), so a new aliasing class is a new signature, checked
+  // by the CPU kernel at the call.
+  void alias_class(const void* storage_data, int64_t offset, c10::IntArrayRef sizes,
+                   c10::IntArrayRef strides, size_t itemsize);
   void cpu_tensor(const at::Tensor& t);  // not a wrapped number
   void tensor(const at::Tensor& t);      // any tensor
   void string(std::string_view s);

@@ -18,9 +18,14 @@
 #include <type_traits>
 #include <utility>
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/TensorMeta.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/_log_softmax_backward_data_meta.h>
+#include <ATen/ops/_log_softmax_meta.h>
+#include <ATen/ops/_softmax_backward_data_meta.h>
+#include <ATen/ops/_softmax_meta.h>
 #include <ATen/ops/mean_meta.h>
 #include <ATen/ops/sum_meta.h>
 #include <c10/core/WrapDimMinimal.h>
@@ -151,6 +156,18 @@ std::optional<std::optional<c10::ScalarType>> rowReduction(const A&...) {
   return std::nullopt;
 }
 
+// Structured CPU kernels that write their out= as if it were dense, whatever
+// its strides: into an expanded out= (one element per several positions)
+// they write past its storage (the CPU's heap is corrupted; on axon, other
+// tensors were), so the call refuses it with TensorIterator's error.
+template <typename Meta>
+constexpr bool writesDenseOut() {
+  return std::is_same_v<Meta, at::meta::structured__softmax> ||
+         std::is_same_v<Meta, at::meta::structured__log_softmax> ||
+         std::is_same_v<Meta, at::meta::structured__softmax_backward_data> ||
+         std::is_same_v<Meta, at::meta::structured__log_softmax_backward_data>;
+}
+
 template <typename Meta, size_t N, typename Fn, typename... A>
 void launchStructured(c10::DeviceIndex device, const char* name, Fn fn, const A&... a) {
   constexpr cpu_kernel::FusionKind kind =
@@ -184,6 +201,9 @@ struct Structured<Meta, N, Name, Cpu> {
     HostWarningScope host_warnings;  // the kernel reruns the meta function
     OutMeta<Meta, N> meta(outs);
     call_meta(meta, args, std::make_index_sequence<sizeof...(A) - N>{});
+    if constexpr (writesDenseOut<Meta>()) {
+      for (const at::Tensor* out : outs) at::assert_no_internal_overlap(*out);
+    }
     launchStructured<Meta, N>(device, Name::value(), Cpu, a...);
     if constexpr (N == 1) {
       return std::get<sizeof...(A) - 1>(args);

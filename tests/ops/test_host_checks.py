@@ -149,6 +149,39 @@ CASES = [
      lambda d: _tensors(d, x=lambda d: torch.ones(3, device=d), e=lambda d: torch.zeros(1, device=d)),
      lambda s: s["x"].copy_(torch.arange(3.0, device=s["x"].device)),
      lambda s: s["e"].expand(3).copy_(s["x"])),
+    # ---- out= aliasing that meta functions do not check (the CPU kernel does):
+    # a new aliasing class is a new launch signature, checked at the call
+    ("cumsum.out overlapping the input",
+     lambda d: _tensors(d, a=lambda d: torch.arange(8.0, device=d), o=lambda d: torch.zeros(4, device=d)),
+     lambda s: torch.cumsum(s["a"][:4], 0, out=s["o"]),
+     lambda s: torch.cumsum(s["a"][:4], 0, out=s["a"][2:6])),
+    ("sort.out values overlapping the input",
+     lambda d: _tensors(d, a=lambda d: torch.arange(8.0, device=d).flip(0), o=lambda d: torch.zeros(4, device=d),
+                        i=lambda d: torch.zeros(4, dtype=torch.long, device=d)),
+     lambda s: torch.sort(s["a"][:4], out=(s["o"], s["i"])),
+     lambda s: torch.sort(s["a"][:4], out=(s["a"][2:6], s["i"]))),
+    ("topk.out values overlapping the input",
+     lambda d: _tensors(d, a=lambda d: torch.arange(8.0, device=d), o=lambda d: torch.zeros(2, device=d),
+                        i=lambda d: torch.zeros(2, dtype=torch.long, device=d)),
+     lambda s: torch.topk(s["a"][:4], 2, out=(s["o"], s["i"])),
+     lambda s: torch.topk(s["a"][:4], 2, out=(s["a"][3:5], s["i"]))),
+    # (the CPU writes a sum into it before its division refuses it: not compared)
+    ("mean.out into an expanded tensor",
+     lambda d: _tensors(d, a=lambda d: torch.arange(8.0, device=d), o=lambda d: torch.zeros(4, device=d)),
+     lambda s: torch.mean(s["a"].view(4, 2), 1, out=s["o"]),
+     lambda s: torch.mean(s["a"].view(4, 2), 1,
+                          out=torch.zeros(1, device=s["a"].device).expand(4))),
+    ("mm.out into an expanded tensor",
+     lambda d: _tensors(d, a=lambda d: torch.ones(3, 2, device=d), b=lambda d: torch.ones(2, 3, device=d),
+                        o=lambda d: torch.zeros(3, 3, device=d), e=lambda d: torch.zeros(1, 3, device=d)),
+     lambda s: torch.mm(s["a"], s["b"], out=s["o"]),
+     lambda s: torch.mm(s["a"], s["b"], out=s["e"].expand(3, 3))),
+    ("addmm.out into an expanded tensor",
+     lambda d: _tensors(d, a=lambda d: torch.ones(3, 2, device=d), b=lambda d: torch.ones(2, 3, device=d),
+                        c=lambda d: torch.ones(3, device=d), o=lambda d: torch.zeros(3, 3, device=d),
+                        e=lambda d: torch.zeros(3, 1, device=d)),
+     lambda s: torch.addmm(s["c"], s["a"], s["b"], out=s["o"]),
+     lambda s: torch.addmm(s["c"], s["a"], s["b"], out=s["e"].expand(3, 3))),
     # ---- fused kernels
     ("layer_norm weight of the wrong shape",
      lambda d: _tensors(d, x=lambda d: torch.ones(2, 4, device=d), w4=lambda d: torch.ones(4, device=d),
@@ -182,6 +215,31 @@ def test_second_call_invalid_raises_at_the_call(case):
     for k, v in cpu_state.items():
         if isinstance(v, torch.Tensor):
             torch.testing.assert_close(axon_state[k].cpu(), v, equal_nan=True, msg=k)
+
+
+@pytest.mark.parametrize("op", ["_softmax", "_log_softmax", "_softmax_backward_data",
+                                "_log_softmax_backward_data"])
+def test_softmax_out_into_an_expanded_tensor_is_refused(op):
+    """The CPU's softmax out= kernels do not check that their out= has one element per
+    location: into an expanded tensor they write past its storage (on the CPU the heap
+    is corrupted and the process aborts, so there is nothing to compare with).  On axon
+    the call raises TensorIterator's error and no other tensor changes."""
+    a = torch.randn(64, 64, device="axon")
+    before = torch.randn(64, device="axon")
+    out = torch.zeros(1, 64, device="axon")
+    after = torch.randn(64, device="axon")
+    snapshot = [t.cpu() for t in (a, before, after)]
+    fn = getattr(torch.ops.aten, op).out
+    forward = op in ("_softmax", "_log_softmax")
+    args = (a, 1, False) if forward else (a, a, 1, torch.float32)
+    name = "grad_input" if op == "_softmax_backward_data" else "out"
+    fn(*args, **{name: torch.zeros(64, 64, device="axon")})  # valid, known signature
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        fn(*args, **{name: out.expand(64, 64)})
+    torch.axon.synchronize()
+    for t, s in zip((a, before, after), snapshot):
+        assert torch.equal(t.cpu(), s)
+    assert torch.equal(out.cpu(), torch.zeros(1, 64))
 
 
 def test_data_dependent_errors_may_be_deferred():
