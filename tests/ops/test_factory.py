@@ -46,6 +46,35 @@ def test_factories(op, dtype):
     assert_same(on2, expected)
 
 
+def test_arange_checks_and_sizes_match_the_cpu():
+    """arange's argument checks and result size are axon's own code before the launch:
+    over starts, ends, steps (zero, of the wrong sign, fractional for integer outputs)
+    and output dtypes, axon raises what the CPU raises (type and message) or returns
+    the CPU's values."""
+    import itertools
+
+    dtypes = [None, torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16,
+              torch.bfloat16, torch.float32, torch.float64, torch.uint16]
+    checked = 0
+    for start, end, step, dtype in itertools.product(
+            [0, -1, 2.5, 0.3], [10, 7.9, -7.9, 0.3], [1, -1, 0.5, 0.3, -0.7, 0, 0.0], dtypes):
+        results = []
+        for device in ("cpu", "axon"):
+            try:
+                results.append(torch.arange(start, end, step, dtype=dtype, device=device).cpu())
+            except Exception as e:  # noqa: BLE001 - the error is the result
+                results.append((type(e), str(e).splitlines()[0]))
+        cpu, axon = results
+        case = (start, end, step, dtype)
+        if isinstance(cpu, torch.Tensor):
+            assert isinstance(axon, torch.Tensor), (case, axon)
+            assert axon.dtype == cpu.dtype and torch.equal(axon, cpu), (case, axon, cpu)
+        else:
+            assert axon == cpu, case
+        checked += 1
+    assert checked == 4 * 4 * 7 * len(dtypes)
+
+
 def test_tensor_new_methods_keep_device_and_dtype():
     a = torch.empty(2, dtype=torch.bfloat16, device="axon:1")
     c = torch.empty(2, dtype=torch.bfloat16)

@@ -12,9 +12,11 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/Context.h>
+#include <ATen/Dispatch.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/ResizeCommon.h>
 #include <ATen/native/TensorFactories.h>
+#include <ATen/native/RangeUtils.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/arange_cpu_dispatch.h>
 #include <ATen/ops/as_strided_native.h>
@@ -357,28 +359,12 @@ at::Tensor& zero_(at::Tensor& self) {
 at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step,
                        at::Tensor& out) {
   const auto device = opDevice("arange", out);
-  // ATen works in the output's accumulate type: int64 for integral outputs.
-  const bool integral = c10::isIntegralType(out.scalar_type(), /*includeBool=*/true);
-  auto acc = [&](const at::Scalar& v) {
-    return integral ? static_cast<double>(v.toLong()) : v.toDouble();
-  };
-  const double xstart = acc(start), xend = acc(end), xstep = acc(step);
-  TORCH_CHECK_VALUE(xstep > 0 || xstep < 0, "step must be nonzero");
-  TORCH_CHECK(std::isfinite(xstart) && std::isfinite(xend), "unsupported range: ", xstart,
-              " -> ", xend);
-  TORCH_CHECK(((xstep > 0) && (xend >= xstart)) || ((xstep < 0) && (xend <= xstart)),
-              "upper bound and larger bound inconsistent with step sign");
-  double size_d;
-  if (out.scalar_type() == at::kLong) {
-    const int64_t s = start.toLong(), e = end.toLong(), st = step.toLong();
-    const int64_t sgn = (st > 0) - (st < 0);
-    size_d = static_cast<double>((e - s + st - sgn) / st);  // integer division, as ATen
-  } else {
-    size_d = std::ceil((end.toDouble() - start.toDouble()) / step.toDouble());
-  }
-  TORCH_CHECK(size_d >= 0 && size_d <= static_cast<double>(std::numeric_limits<int64_t>::max()),
-              "invalid size, possible overflow?");
-  const int64_t size = static_cast<int64_t>(size_d);
+  // The CPU kernel's own checks and size (RangeFactories.cpp): bounds in
+  // double precision, the size in the output's type.
+  int64_t size = 0;
+  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "arange_cpu", [&] {
+    size = at::native::compute_arange_size<scalar_t>(start, end, step);
+  });
   if (out.numel() != size) {
     if (out.numel() > 0) {  // the CPU's warning (RangeFactories.cpp)
       TORCH_WARN("The number of elements in the out tensor of shape ", out.sizes(), " is ",
