@@ -239,3 +239,29 @@ def test_deprecated_torch_axon_amp_names_work_and_warn():
         scaler = amp.GradScaler(init_scale=4.0)
     assert scaler._device == "axon" and scaler.get_scale() == 4.0
     assert amp.amp_definitely_not_available() is False
+
+
+def test_grad_scaler_disables_itself_without_an_axon_device():
+    """As GradScaler("cuda") without CUDA: a warning, then plain (unscaled) steps,
+    equal to the same steps without a scaler."""
+    from conftest import run_python
+
+    r = run_python("""
+        import warnings, torch
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            s = torch.amp.GradScaler("axon")
+        print(s.is_enabled(), sum("axon is not available" in str(x.message) for x in w))
+        torch.manual_seed(0)
+        a = torch.nn.Linear(3, 1)
+        b = torch.nn.Linear(3, 1)
+        b.load_state_dict(a.state_dict())
+        oa, ob = torch.optim.SGD(a.parameters(), 0.1), torch.optim.SGD(b.parameters(), 0.1)
+        x = torch.randn(4, 3)
+        s.scale(a(x).sum()).backward(); s.step(oa); s.update()
+        b(x).sum().backward(); ob.step()
+        print(all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters())))
+    """, env={"AXON_NUM_DEVICES": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "1", "True"]
+    assert torch.amp.GradScaler("axon").is_enabled()  # with devices: on

@@ -29,3 +29,34 @@ def higher_order_ops_autocast(ops) -> None:
     for op in list(ops._higher_order_ops.values()):
         if key not in op.py_kernels:
             op.fallthrough(key)
+
+
+@on_import("torch.amp.grad_scaler")
+def grad_scaler_without_devices(grad_scaler) -> None:
+    """Patch ``torch.amp.grad_scaler.GradScaler.__init__``.
+
+    ``GradScaler("cuda")`` on a machine without CUDA warns and disables itself
+    (its ``update``/``step`` then do plain steps); any other device type stays
+    enabled, so ``GradScaler("axon")`` without an axon device scaled losses of
+    CPU tensors.  The wrapper does for axon what upstream does for cuda.
+    """
+    import warnings
+
+    import torch
+
+    cls = grad_scaler.GradScaler
+    original = cls.__init__
+    if getattr(original, "_axon_patch", False):
+        return
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self._device == "axon" and self._enabled and not torch.axon.is_available():
+            warnings.warn("torch.amp.GradScaler is enabled, but axon is not available.  "
+                          "Disabling.")
+            self._enabled = False
+
+    __init__.__wrapped__ = original
+    __init__.__doc__ = original.__doc__
+    __init__._axon_patch = True
+    cls.__init__ = __init__
