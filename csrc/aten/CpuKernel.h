@@ -53,6 +53,7 @@ struct DeviceView {
   int64_t offset = 0;
   caffe2::TypeMeta dtype;
   bool conj = false, neg = false;
+  const void* impl = nullptr;  // the tensor's TensorImpl, for the launch's signature only
 
   at::Tensor view() const {
     if (number.has_value()) return wrappedNumber(*number, dtype.toScalarType());
@@ -87,6 +88,7 @@ inline DeviceView capture(const at::Tensor& t) {
   v.dtype = t.dtype();
   v.conj = t.is_conj();
   v.neg = t.is_neg();
+  v.impl = t.unsafeGetTensorImpl();
   return v;
 }
 inline std::optional<DeviceView> capture(const std::optional<at::Tensor>& t) {
@@ -181,7 +183,7 @@ inline void add_signature(Signature& s, const DeviceView& v) {
     return s.scalar(*v.number);
   }
   if (!v.on_device) return s.cpu_tensor(v.cpu);
-  s.device_tensor(v.data, v.offset, v.sizes, v.strides, v.dtype, v.conj, v.neg);
+  s.device_tensor(v.data, v.offset, v.sizes, v.strides, v.dtype, v.conj, v.neg, v.impl);
 }
 inline void add_signature(Signature& s, const at::Scalar& v) { s.scalar(v); }
 inline void add_signature(Signature& s, const std::string& v) { s.string(v); }

@@ -196,9 +196,11 @@ void Signature::scalar(const at::Scalar& s) {
 
 void Signature::device_tensor(const void* storage_data, int64_t offset, c10::IntArrayRef sizes,
                               c10::IntArrayRef strides, caffe2::TypeMeta dtype, bool conj,
-                              bool neg) {
+                              bool neg, const void* identity) {
   mix(0x61 + static_cast<uint64_t>(dtype.toScalarType()) * 4 + (conj ? 1 : 0) + (neg ? 2 : 0));
-  if (!full) return alias_class(storage_data, offset, sizes, strides, dtype.itemsize());
+  if (!full) {
+    return alias_class(storage_data, identity, offset, sizes, strides, dtype.itemsize());
+  }
   mix(sizes.size());
   for (int64_t v : sizes) mix(static_cast<uint64_t>(v));
   for (int64_t v : strides) mix(static_cast<uint64_t>(v));
@@ -246,23 +248,25 @@ void Signature::tensor(const at::Tensor& t) {
     return cpu_tensor(t);
   }
   device_tensor(t.storage().data(), t.storage_offset(), t.sizes(), t.strides(), t.dtype(),
-                t.is_conj(), t.is_neg());
+                t.is_conj(), t.is_neg(), t.unsafeGetTensorImpl());
 }
 
-void Signature::alias_class(const void* storage_data, int64_t offset, c10::IntArrayRef sizes,
-                            c10::IntArrayRef strides, size_t itemsize) {
+void Signature::alias_class(const void* storage_data, const void* identity, int64_t offset,
+                            c10::IntArrayRef sizes, c10::IntArrayRef strides, size_t itemsize) {
   // Itself: 1 when a dim of several elements has stride 0 (expanded); 0 when
   // the dims, by increasing stride, each step past all of the smaller ones
-  // (no element is reached twice); 2 when that is not known.
+  // (no element is reached twice); 2 when that is not known.  Dense: 0 and no
+  // gaps (ATen's non-overlapping and dense).
   c10::SmallVector<std::pair<int64_t, int64_t>, 6> dims;  // (stride, size)
   int64_t span = 0;  // elements from the first to the last, minus one
-  bool empty = false;
+  int64_t numel = 1;
   for (size_t d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] == 0) empty = true;
+    numel *= sizes[d];
     if (sizes[d] <= 1) continue;
     dims.emplace_back(std::abs(strides[d]), sizes[d]);
     span += (sizes[d] - 1) * std::abs(strides[d]);
   }
+  if (numel == 0) return mix(0xd4);  // overlaps nothing
   uint64_t self = 0;
   std::sort(dims.begin(), dims.end());
   int64_t reach = 0;
@@ -274,25 +278,45 @@ void Signature::alias_class(const void* storage_data, int64_t offset, c10::IntAr
     if (stride <= reach) self = 2;
     reach += (size - 1) * stride;
   }
-  mix(0xd1 + (empty ? 3 : self));
-  if (empty) return;
-  // The earlier tensors of the same storage: disjoint bytes (0), the same
-  // view (1), or overlapping bytes (2).
+  mix(0xd1 + self);
   const int64_t item = static_cast<int64_t>(itemsize);
-  const int64_t begin = offset * item, end = begin + (span + 1) * item;
-  uint64_t geometry = sizes.size();
-  for (int64_t v : sizes) geometry = c10::hash_combine(geometry, static_cast<uint64_t>(v));
-  for (int64_t v : strides) geometry = c10::hash_combine(geometry, static_cast<uint64_t>(v));
-  geometry = c10::hash_combine(geometry, itemsize);
-  for (size_t i = 0; i < extents.size(); ++i) {
+  const Extent mine{storage_data, identity, offset * item, (offset + span + 1) * item,
+                    self == 0 && span + 1 == numel, strides};
+  // The earlier tensors of the same storage, as at::get_overlap_status: the
+  // same tensor, or both dense with the same bytes and strides: full (1);
+  // either not dense: too hard (3); dense with common bytes: partial (2);
+  // none (0, not mixed).
+  auto relate = [&](size_t i) {
     const Extent& e = extents[i];
-    if (e.storage != storage_data) continue;
-    const uint64_t relation = (e.end <= begin || end <= e.begin) ? 0
-                              : (e.begin == begin && e.geometry == geometry) ? 1
-                                                                              : 2;
-    mix(0xe1 + i * 4 + relation);
+    uint64_t relation = 0;
+    if (identity != nullptr && e.identity == identity) {
+      relation = 1;
+    } else if (!e.dense || !mine.dense) {
+      relation = 3;
+    } else if (e.begin == mine.begin && e.end == mine.end) {
+      relation = e.strides.equals(strides) ? 1 : 2;
+    } else if (e.begin < mine.end && mine.begin < e.end) {
+      relation = 2;
+    }
+    if (relation != 0) mix(0x10000 + i * 4 + relation);
+  };
+  if (by_storage == nullptr) {
+    for (size_t i = 0; i < extents.size(); ++i) {
+      if (extents[i].storage == storage_data) relate(i);
+    }
+    if (extents.size() + 1 >= kIndexed) {
+      by_storage = std::make_unique<
+          std::unordered_map<const void*, c10::SmallVector<uint32_t, 2>>>();
+      for (size_t i = 0; i < extents.size(); ++i)
+        (*by_storage)[extents[i].storage].push_back(static_cast<uint32_t>(i));
+      (*by_storage)[storage_data].push_back(static_cast<uint32_t>(extents.size()));
+    }
+  } else {
+    auto& same = (*by_storage)[storage_data];
+    for (uint32_t i : same) relate(i);
+    same.push_back(static_cast<uint32_t>(extents.size()));
   }
-  extents.push_back({storage_data, begin, end, geometry});
+  extents.push_back(mine);
 }
 
 void Signature::string(std::string_view s) { mix(std::hash<std::string_view>{}(s)); }

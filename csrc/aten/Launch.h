@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include <ATen/Tensor.h>
 #include <c10/util/Exception.h>
@@ -67,14 +68,19 @@ struct Signature {
   // Device storages seen so far (data pointer, byte offset of the first view
   // of it): aliasing is hashed as (which storage, offset relative to it).
   c10::SmallVector<std::pair<const void*, int64_t>, 6> storages;
-  // kMeta: the device tensors seen so far, as (storage, first byte, end byte,
-  // geometry hash), for the aliasing class below.
+  // kMeta: the device tensors seen so far (alive while the signature is
+  // built), for the aliasing class below; past kIndexed of them, an index
+  // by storage keeps the comparisons linear.
   struct Extent {
     const void* storage;
-    int64_t begin, end;
-    uint64_t geometry;
+    const void* identity;  // the TensorImpl, or null
+    int64_t begin, end;    // bytes
+    bool dense;            // non-overlapping and dense
+    c10::IntArrayRef strides;
   };
   c10::SmallVector<Extent, 6> extents;
+  static constexpr size_t kIndexed = 16;
+  std::unique_ptr<std::unordered_map<const void*, c10::SmallVector<uint32_t, 2>>> by_storage;
 
   void mix(uint64_t v) {
     uint64_t z = hash ^ (v + 0x9e3779b97f4a7c15ULL);
@@ -85,15 +91,19 @@ struct Signature {
   void undefined() { mix(0x11); }
   void scalar(const at::Scalar& s);
   // A device tensor given by its storage's data, geometry and dtype.
+  // `identity`: the tensor's TensorImpl where known (the same tensor passed
+  // twice overlaps itself fully, whatever its layout).
   void device_tensor(const void* storage_data, int64_t offset, c10::IntArrayRef sizes,
-                     c10::IntArrayRef strides, caffe2::TypeMeta dtype, bool conj, bool neg);
-  // kMeta: how a device tensor overlaps itself and the earlier arguments
-  // (none, fully, partly, too hard to tell).  Meta functions do not check
+                     c10::IntArrayRef strides, caffe2::TypeMeta dtype, bool conj, bool neg,
+                     const void* identity = nullptr);
+  // kMeta: how a device tensor overlaps itself (at::has_internal_overlap's
+  // classes) and each earlier argument of its storage (at::get_overlap_status's:
+  // none, full, partial, too hard to tell).  Meta functions do not check
   // that (TensorIterator and the CPU kernels do, an out= that overlaps its
   // input or itself), so a new aliasing class is a new signature, checked
   // by the CPU kernel at the call.
-  void alias_class(const void* storage_data, int64_t offset, c10::IntArrayRef sizes,
-                   c10::IntArrayRef strides, size_t itemsize);
+  void alias_class(const void* storage_data, const void* identity, int64_t offset,
+                   c10::IntArrayRef sizes, c10::IntArrayRef strides, size_t itemsize);
   void cpu_tensor(const at::Tensor& t);  // not a wrapped number
   void tensor(const at::Tensor& t);      // any tensor
   void string(std::string_view s);

@@ -26,6 +26,7 @@
 #include <ATen/ops/_log_softmax_meta.h>
 #include <ATen/ops/_softmax_backward_data_meta.h>
 #include <ATen/ops/_softmax_meta.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/mean_meta.h>
 #include <ATen/ops/sum_meta.h>
 #include <c10/core/WrapDimMinimal.h>
@@ -156,10 +157,11 @@ std::optional<std::optional<c10::ScalarType>> rowReduction(const A&...) {
   return std::nullopt;
 }
 
-// Structured CPU kernels that write their out= as if it were dense, whatever
-// its strides: into an expanded out= (one element per several positions)
-// they write past its storage (the CPU's heap is corrupted; on axon, other
-// tensors were), so the call refuses it with TensorIterator's error.
+// Structured CPU kernels that write their out= as if it were contiguous,
+// whatever its strides (wrong places; past the storage of a non-dense one,
+// corrupting the CPU's heap or, on axon, other tensors): an expanded out= is
+// refused with TensorIterator's error, another non-contiguous one gets the
+// values through a contiguous temporary.
 template <typename Meta>
 constexpr bool writesDenseOut() {
   return std::is_same_v<Meta, at::meta::structured__softmax> ||
@@ -202,7 +204,18 @@ struct Structured<Meta, N, Name, Cpu> {
     OutMeta<Meta, N> meta(outs);
     call_meta(meta, args, std::make_index_sequence<sizeof...(A) - N>{});
     if constexpr (writesDenseOut<Meta>()) {
-      for (const at::Tensor* out : outs) at::assert_no_internal_overlap(*out);
+      static_assert(N == 1);
+      at::Tensor& out = std::get<sizeof...(A) - 1>(args);
+      at::assert_no_internal_overlap(out);
+      if (!out.is_contiguous()) {
+        // Into a dense temporary, then the values copied to where `out` has
+        // them: the CPU writes them in the wrong places (past the storage of
+        // a non-dense one).
+        at::Tensor dense = at::empty(out.sizes(), out.options());
+        run_into(args, dense, std::make_index_sequence<sizeof...(A) - 1>{});
+        out.copy_(dense);
+        return out;
+      }
     }
     launchStructured<Meta, N>(device, Name::value(), Cpu, a...);
     if constexpr (N == 1) {
@@ -210,6 +223,13 @@ struct Structured<Meta, N, Name, Cpu> {
     } else {
       return tail_tuple(args, std::make_index_sequence<N>{});
     }
+  }
+
+ private:
+  // run() with `out` in place of the last argument.
+  template <typename Tuple, size_t... I>
+  static void run_into(Tuple& args, at::Tensor& out, std::index_sequence<I...>) {
+    run(std::get<I>(args)..., out);
   }
 };
 

@@ -155,6 +155,12 @@ CASES = [
      lambda d: _tensors(d, a=lambda d: torch.arange(8.0, device=d), o=lambda d: torch.zeros(4, device=d)),
      lambda s: torch.cumsum(s["a"][:4], 0, out=s["o"]),
      lambda s: torch.cumsum(s["a"][:4], 0, out=s["a"][2:6])),
+    # interleaved views of one storage are "too hard" for ATen (allowed), dense
+    # overlapping ones "partial" (refused): different signatures
+    ("cumsum.out interleaved, then overlapping the input",
+     lambda d: _tensors(d, a=lambda d: torch.arange(8.0, device=d)),
+     lambda s: torch.cumsum(s["a"][0::2], 0, out=s["a"][1::2]),
+     lambda s: torch.cumsum(s["a"][:4], 0, out=s["a"][2:6])),
     ("sort.out values overlapping the input",
      lambda d: _tensors(d, a=lambda d: torch.arange(8.0, device=d).flip(0), o=lambda d: torch.zeros(4, device=d),
                         i=lambda d: torch.zeros(4, dtype=torch.long, device=d)),
@@ -240,6 +246,35 @@ def test_softmax_out_into_an_expanded_tensor_is_refused(op):
     for t, s in zip((a, before, after), snapshot):
         assert torch.equal(t.cpu(), s)
     assert torch.equal(out.cpu(), torch.zeros(1, 64))
+
+
+@pytest.mark.parametrize("op", ["_softmax", "_log_softmax", "_softmax_backward_data",
+                                "_log_softmax_backward_data"])
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "as_strided"])
+def test_softmax_out_of_another_layout_gets_the_values(op, layout):
+    """Softmax's CPU out= kernels write as if their out= were contiguous (wrong places;
+    past the storage of a non-dense one).  On axon such an out= gets the functional
+    result where it says (and no other tensor changes), in every dtype."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.randn(16, 16, dtype=dtype)
+        forward = op in ("_softmax", "_log_softmax")
+        args = (lambda t: (t, 1, False)) if forward else (lambda t: (t, t, 1, dtype))
+        name = "grad_input" if op == "_softmax_backward_data" else "out"
+        expected = getattr(torch.ops.aten, op)(*args(x))
+        big = torch.zeros(16, 40, dtype=dtype, device="axon")
+        guard = torch.randn(64, dtype=dtype, device="axon")
+        snapshot = guard.cpu()
+        out = {"transposed": torch.zeros(16, 16, dtype=dtype, device="axon").t(),
+               "sliced": big[:, :16],
+               "as_strided": torch.zeros(31, dtype=dtype, device="axon").as_strided(
+                   (16, 16), (1, 1))}[layout]
+        getattr(torch.ops.aten, op).out(*args(x.to("axon")), **{name: out})
+        if layout == "as_strided":  # overlapping: only that it stays inside its storage
+            torch.axon.synchronize()
+        else:
+            assert torch.equal(out.cpu(), expected), (dtype, layout)
+        assert torch.equal(guard.cpu(), snapshot)
+        assert torch.equal(big[:, 16:].cpu(), torch.zeros(16, 24, dtype=dtype))
 
 
 def test_data_dependent_errors_may_be_deferred():

@@ -134,7 +134,8 @@ class _AxonDeviceProperties:
     lanes of one vector instruction of its kernels and
     ``regs_per_multiprocessor`` its vector registers; ``L2_cache_size`` is its
     cores' L2 and the ``shared_memory_*`` sizes one core's L1 data cache (where
-    a kernel's tile lives); ``clock_rate`` is the cores' top clock in kHz.
+    a kernel's tile lives); ``clock_rate`` is the cores' top clock in kHz
+    (cpufreq's; else the current clock /proc/cpuinfo reports, read once).
     ``memory_clock_rate`` and ``memory_bus_width`` are 0: the device's memory is
     the host's, whose clock the host does not report.  ``uuid`` is the same for
     this device of this machine in every process, whatever
@@ -213,8 +214,10 @@ def _l2_bytes_per_core() -> int:
     return _cache_bytes_per_core(2)
 
 
+@functools.lru_cache(maxsize=None)
 def _clock_khz() -> int:
-    """The host cores' top clock in kHz (cpufreq's, else /proc/cpuinfo's); 0 if unknown."""
+    """The host cores' top clock in kHz (cpufreq's, else /proc/cpuinfo's current one),
+    read once; 0 if unknown."""
     khz = _read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
     if khz.isdigit():
         return int(khz)
