@@ -20,6 +20,7 @@
 #include "../core/SyncDebug.h"
 #include "HostView.h"
 #include "OpDevice.h"
+#include "Registry.h"
 
 namespace at::axon {
 namespace {
@@ -377,13 +378,25 @@ constexpr const char* kSparseCompressedConstructors[] = {
     "_sparse_bsc_tensor_unsafe",
     "_sparse_compressed_tensor_with_dims",
 };
-void registerSparseCompressedConstructors(torch::Library& m) {
+void registerSparseCompressedConstructors(torch::Library& m, c10::DispatchKey key) {
+  OpRegistrar reg(m, "unsupported layouts", key);
+  for (const char* op : kSparseCompressedConstructors) {
+    reg.impl(Path::kStructural, op,
+             torch::CppFunction::makeFromBoxedFunction<&sparseCompressedConstructor>());
+  }
+}
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  registerSparseCompressedConstructors(m, c10::DispatchKey::PrivateUse1);
+}
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  registerSparseCompressedConstructors(m, c10::DispatchKey::AutogradPrivateUse1);
+}
+// Not recorded in the op table (which lists the PrivateUse1 and autograd keys):
+// a CPU tensor's .to("axon") reaches _sparse_compressed_tensor_unsafe here.
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
   for (const char* op : kSparseCompressedConstructors)
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&sparseCompressedConstructor>());
 }
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { registerSparseCompressedConstructors(m); }
-TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) { registerSparseCompressedConstructors(m); }
-TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) { registerSparseCompressedConstructors(m); }
 // Nested tensors of the strided layout (NestedTensorImpl) have no
 // NestedTensorPrivateUse1 kernels: every op on one stops here, with the way
 // that works (the jagged layout is a Python subclass over ordinary axon
@@ -402,12 +415,14 @@ TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
 // Made from a list of axon tensors (torch.nested.nested_tensor / as_nested_tensor
 // of the strided layout), one would only fail at its first use: refuse it here.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_nested_tensor_from_tensor_list",
-         torch::CppFunction::makeFromBoxedFunction<&nestedFallback>());
+  OpRegistrar(m, "unsupported layouts")
+      .impl(Path::kStructural, "_nested_tensor_from_tensor_list",
+            torch::CppFunction::makeFromBoxedFunction<&nestedFallback>());
 }
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
-  m.impl("_nested_tensor_from_tensor_list",
-         torch::CppFunction::makeFromBoxedFunction<&nestedFallback>());
+  OpRegistrar(m, "unsupported layouts", c10::DispatchKey::AutogradPrivateUse1)
+      .impl(Path::kStructural, "_nested_tensor_from_tensor_list",
+            torch::CppFunction::makeFromBoxedFunction<&nestedFallback>());
 }
 // Their metadata (host tensors) is readable: autograd reads it when one is made
 // from axon tensors that require grad (InputMetadata), inside code that cannot
