@@ -14,7 +14,6 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
-#include <ATen/MemoryOverlap.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/bit_cast.h>
 #include <c10/util/hash.h>
