@@ -83,11 +83,13 @@ TEST(AsyncErrors, TasksSeeTheFailuresTheyDependOn) {
       << seen_after;
   EXPECT_TRUE(contains(seen_on_s, "index out of range")) << seen_on_s;
   EXPECT_TRUE(contains(seen_event, "index out of range")) << seen_event;
-  // Reported on t: no longer pending anywhere it travelled; s reports its own once.
+  // Reported on t: no longer pending there; s and the event recorded on s
+  // still carry it until s reports it.
   EXPECT_EQ(stream_pending_failure(t), "");
-  EXPECT_EQ(event_pending_failure(ev.e), "");
+  EXPECT_TRUE(contains(event_pending_failure(ev.e), "index out of range"));
   EXPECT_NE(async_error_of([&] { stream_synchronize(s); }), "");
   EXPECT_EQ(stream_pending_failure(s), "");
+  EXPECT_EQ(event_pending_failure(ev.e), "");
 }
 
 TEST(AsyncErrors, WaitEnqueuedBeforeTheFailureRuns) {
@@ -119,7 +121,8 @@ TEST(AsyncErrors, AcrossDevicesAndAlongChains) {
   event_record(e2.e, t);
   stream_wait_event(u, e2.e);
   EXPECT_TRUE(contains(async_error_of([&] { stream_synchronize(u); }), "fails_on_axon1"));
-  EXPECT_NO_THROW(device_synchronize(3));  // only passed it on; raised already
+  // t passed it on, but its own work after the wait depends on it too.
+  EXPECT_TRUE(contains(async_error_of([&] { device_synchronize(3); }), "fails_on_axon1"));
   EXPECT_TRUE(contains(async_error_of([&] { device_synchronize(1); }), "fails_on_axon1"));
   for (int d : {1, 3, 4}) EXPECT_NO_THROW(device_synchronize(d));
 }
@@ -137,7 +140,7 @@ TEST(AsyncErrors, CompleteEventStillCarriesTheFailure) {
   EXPECT_TRUE(contains(async_error_of([&] { device_synchronize(2); }), "done_already"));
 }
 
-TEST(AsyncErrors, EventSynchronizeReportsOnceThenItStopsTravelling) {
+TEST(AsyncErrors, EventSynchronizeReportsOnceForItsStream) {
   const Stream s = stream_from_pool(2, 0);
   const Stream t = stream_from_pool(2, -1);
   ScopedEvent ev(2);
@@ -146,13 +149,37 @@ TEST(AsyncErrors, EventSynchronizeReportsOnceThenItStopsTravelling) {
   EXPECT_TRUE(contains(async_error_of([&] { event_synchronize(ev.e); }), "before_event"));
   EXPECT_NO_THROW(event_synchronize(ev.e));
   EXPECT_NO_THROW(stream_synchronize(s));  // reported through the event
+  // A stream that waits on the event afterwards still depends on the failed
+  // work: it reports the failure once.
   stream_wait_event(t, ev.e);
+  EXPECT_TRUE(contains(async_error_of([&] { stream_synchronize(t); }), "before_event"));
   EXPECT_NO_THROW(stream_synchronize(t));
+  EXPECT_NO_THROW(event_synchronize(ev.e));
+}
+
+TEST(AsyncErrors, EveryDependentStreamReportsWhicheverIsSynchronizedFirst) {
+  // The failing stream first, then the stream that waited: both report it
+  // (the other order is TravelThroughEventToWaitingStream).
+  const Stream s = stream_from_pool(2, 0);
+  const Stream t = stream_from_pool(2, 0);
+  ScopedEvent ev(2);
+  fail(s, "origin", "o");
+  event_record(ev.e, s);
+  stream_wait_event(t, ev.e);
+  EXPECT_TRUE(contains(async_error_of([&] { stream_synchronize(s); }), "origin"));
+  EXPECT_NO_THROW(stream_synchronize(s));
+  const std::string msg = async_error_of([&] { stream_synchronize(t); });
+  EXPECT_TRUE(contains(msg, "origin")) << msg;
+  EXPECT_TRUE(contains(msg, "which waited for the failed work")) << msg;
+  EXPECT_NO_THROW(stream_synchronize(t));
+  EXPECT_NO_THROW(device_synchronize(2));
 }
 
 TEST(AsyncErrors, ReportedFailureDoesNotResurfaceThroughAnUnsyncedStream) {
   // A stream nobody synchronises (a communication stream) took the failure;
-  // once the user saw it, later waits on that stream do not raise it again.
+  // once the user saw it, later waits on that stream do not raise it again
+  // on the user's stream.  The communication stream itself reports it once,
+  // to device_synchronize (its work after the wait depends on it).
   const Stream user{2, 0};
   const Stream comm = stream_from_pool(2, 0);
   ScopedEvent ready(2), done(2);
@@ -166,6 +193,12 @@ TEST(AsyncErrors, ReportedFailureDoesNotResurfaceThroughAnUnsyncedStream) {
     stream_wait_event(user, done.e);
     EXPECT_NO_THROW(stream_synchronize(user));
   }
+  EXPECT_TRUE(contains(async_error_of([&] { device_synchronize(2); }), "user_kernel"));
+  launch(comm, "collective", [] {});
+  event_record(done.e, comm);
+  stream_wait_event(user, done.e);
+  EXPECT_NO_THROW(stream_synchronize(user));
+  EXPECT_NO_THROW(event_synchronize(done.e));
   EXPECT_NO_THROW(device_synchronize(2));
 }
 

@@ -137,14 +137,14 @@ void device_synchronize(int d) {
   if (dev == nullptr) return;
   for (auto& s : dev->streams) s->wait_all();
   // Every failure pending on any of the device's streams, reported once: the
-  // first raised, the others listed; all are cleared.
+  // first raised, the others listed; all are cleared (and marked reported on
+  // each stream they were pending on).
   std::vector<PendingFailure> failures;
   uint64_t dropped = 0;
   for (auto& s : dev->streams) {
     auto mine = s->take_failures(&dropped);
     failures.insert(failures.end(), mine.begin(), mine.end());
   }
-  failures = unreported(std::move(failures));
   if (!failures.empty() || dropped > 0) throw_failures(std::move(failures), "", dropped);
 }
 

@@ -150,12 +150,18 @@ void event_synchronize(Event* e) {
   check_not_captured(rec, "event_synchronize");
   if (!rec) return;
   rec->stream->wait(rec->seq);
+  // The event stands for its stream's work up to the record: what that work
+  // failed with (or waited for), unless the stream reported it already.
   std::vector<PendingFailure> failures;
-  for (const auto& f : rec->failures)
-    if (!f->reported.load()) failures.push_back(PendingFailure{f, false});
+  FailureList reporting;
+  for (const auto& f : rec->failures) {
+    if (f->reported_on(rec->stream)) continue;
+    failures.push_back(PendingFailure{f, false});
+    reporting.push_back(f);
+  }
   if (failures.empty()) return;
   // Reported here, so the recording stream does not report them again.
-  rec->stream->forget(rec->failures);
+  rec->stream->forget(reporting);
   throw_failures(std::move(failures), rec->stream->describe());
 }
 
@@ -166,7 +172,7 @@ std::string event_pending_failure(Event* e) {
   if (!rec || rec->capture || !rec->complete()) return "";
   const AsyncFailure* first = nullptr;
   for (const auto& f : rec->failures) {
-    if (!f->reported.load() && (first == nullptr || f->order < first->order)) first = f.get();
+    if (!f->reported_on(rec->stream) && (first == nullptr || f->order < first->order)) first = f.get();
   }
   return first == nullptr ? std::string() : first->message;
 }

@@ -34,9 +34,9 @@ void lock_spinning(std::unique_lock<std::mutex>& lk) {
 
 std::atomic<uint64_t> g_failure_order{0};
 
-void add_failure(std::vector<PendingFailure>& list, uint64_t& dropped,
+void add_failure(const StreamState* self, std::vector<PendingFailure>& list, uint64_t& dropped,
                  std::shared_ptr<const AsyncFailure> f, bool inherited) {
-  if (inherited && f->reported.load()) return;
+  if (inherited && f->reported_on(self)) return;
   for (const auto& p : list)
     if (p.failure == f) return;
   if (list.size() >= kMaxPendingFailures) {
@@ -48,16 +48,19 @@ void add_failure(std::vector<PendingFailure>& list, uint64_t& dropped,
 
 }  // namespace
 
-std::vector<PendingFailure> unreported(std::vector<PendingFailure> failures) {
-  std::erase_if(failures, [](const PendingFailure& p) {
-    return p.inherited && p.failure->reported.load();
-  });
-  return failures;
+bool AsyncFailure::reported_on(const StreamState* s) const {
+  std::lock_guard lk(mu_);
+  return std::find(reported_on_.begin(), reported_on_.end(), s) != reported_on_.end();
+}
+
+void AsyncFailure::mark_reported(const StreamState* s) const {
+  std::lock_guard lk(mu_);
+  if (std::find(reported_on_.begin(), reported_on_.end(), s) == reported_on_.end())
+    reported_on_.push_back(s);
 }
 
 void throw_failures(std::vector<PendingFailure> failures, const std::string& where,
                     uint64_t dropped) {
-  for (const auto& p : failures) p.failure->reported.store(true);
   std::stable_sort(failures.begin(), failures.end(), [](const auto& a, const auto& b) {
     return a.failure->order < b.failure->order;
   });
@@ -234,7 +237,7 @@ void StreamState::finish_locked(uint64_t seq, std::string error) {
   if (!error.empty()) {
     auto f = std::make_shared<const AsyncFailure>(
         g_failure_order.fetch_add(1, std::memory_order_relaxed), std::move(error));
-    add_failure(failures_, dropped_failures_, std::move(f), false);
+    add_failure(this, failures_, dropped_failures_, std::move(f), false);
   }
   // max: during teardown inline tasks may finish out of order.
   completed_ = std::max(completed_, seq);
@@ -279,28 +282,28 @@ void StreamState::throw_pending_error() {
     failures.swap(failures_);
     std::swap(dropped, dropped_failures_);
   }
-  failures = unreported(std::move(failures));
-  if (failures.empty() && dropped == 0) return;
+  for (const auto& p : failures) p.failure->mark_reported(this);
   throw_failures(std::move(failures), describe(), dropped);
 }
 
 FailureList StreamState::pending_failures() const {
   FailureList out;
   std::lock_guard lk(mu_);
-  for (const auto& p : failures_)
-    if (!p.failure->reported.load()) out.push_back(p.failure);
+  out.reserve(failures_.size());
+  for (const auto& p : failures_) out.push_back(p.failure);
   return out;
 }
 
 void StreamState::inherit(const FailureList& failures) {
   if (failures.empty()) return;
   std::lock_guard lk(mu_);
-  for (const auto& f : failures) add_failure(failures_, dropped_failures_, f, true);
+  for (const auto& f : failures) add_failure(this, failures_, dropped_failures_, f, true);
 }
 
 void StreamState::forget(const FailureList& failures) {
   if (failures.empty()) return;
   std::lock_guard lk(mu_);
+  for (const auto& f : failures) f->mark_reported(this);
   std::erase_if(failures_, [&](const PendingFailure& p) {
     return std::find(failures.begin(), failures.end(), p.failure) != failures.end();
   });
@@ -309,6 +312,7 @@ void StreamState::forget(const FailureList& failures) {
 std::vector<PendingFailure> StreamState::take_failures(uint64_t* dropped) {
   std::lock_guard lk(mu_);
   *dropped += std::exchange(dropped_failures_, 0);
+  for (const auto& p : failures_) p.failure->mark_reported(this);
   return std::exchange(failures_, {});
 }
 

@@ -18,6 +18,8 @@
 
 namespace axon::rt {
 
+class StreamState;
+
 // One failed task: `order` is process-wide (earlier failures have smaller
 // numbers), so failures gathered from several streams sort into the order
 // they happened.  Shared, never copied: the same failure may be pending on
@@ -27,10 +29,16 @@ struct AsyncFailure {
       : order(order), message(std::move(message)) {}
   const uint64_t order;
   const std::string message;
-  // Set once a synchronising call raised it: it then stops travelling (event
-  // markers and waits skip it), and streams that only inherited it drop it;
-  // the stream it failed on still reports it once.
-  mutable std::atomic<bool> reported{false};
+  // Every stream that depends on the failure reports it once: a stream it
+  // was reported on (a synchronising call on it raised it, or
+  // event_synchronize on an event recorded there) drops it and never takes
+  // it again, so it cannot come back through a stream nobody synchronises.
+  bool reported_on(const StreamState* s) const;
+  void mark_reported(const StreamState* s) const;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::vector<const StreamState*> reported_on_;  // streams live as long as the process
 };
 using FailureList = std::vector<std::shared_ptr<const AsyncFailure>>;
 
@@ -41,14 +49,10 @@ struct PendingFailure {
   bool inherited = false;
 };
 
-// Keeps what a synchronising call must still report: own failures, and
-// inherited ones nobody reported yet.
-std::vector<PendingFailure> unreported(std::vector<PendingFailure> failures);
-
-// Throws AsyncError for `failures` (sorted by order, deduplicated, marked
-// reported): the first one's message, then a list of the others.  `where`
-// names the stream a synchronising call reported them on (for inherited
-// failures).
+// Throws AsyncError for `failures` (sorted by order, deduplicated): the first
+// one's message, then a list of the others.  `where` names the stream a
+// synchronising call reported them on (for inherited failures).  The caller
+// marks them reported on the streams it took them from.
 // `dropped`: further failures that were not kept (see kMaxPendingFailures).
 [[noreturn]] void throw_failures(std::vector<PendingFailure> failures, const std::string& where,
                                  uint64_t dropped = 0);
@@ -83,16 +87,20 @@ class StreamState {
   // clears them.  No-op when none is pending.
   void throw_pending_error();
 
-  // The failures pending now and not reported yet (an event marker captures
-  // them: the event then carries them to every stream that waits on it).
+  // The failures pending now, none reported on this stream yet (an event
+  // marker captures them: the event then carries them to every stream that
+  // waits on it).
   FailureList pending_failures() const;
   // Makes failures of another stream pending here too (stream_wait_event:
-  // everything enqueued after the wait depends on the failed work).
+  // everything enqueued after the wait depends on the failed work), except
+  // those this stream reported already.
   void inherit(const FailureList& failures);
-  // Removes these failures (reported by event_synchronize) from this stream.
+  // Removes these failures (reported by event_synchronize) from this stream
+  // and marks them reported on it.
   void forget(const FailureList& failures);
-  // Takes every pending failure (device_synchronize reports them together);
-  // adds the count of those not kept to *dropped.
+  // Takes every pending failure, marked reported on this stream
+  // (device_synchronize reports them together); adds the count of those not
+  // kept to *dropped.
   std::vector<PendingFailure> take_failures(uint64_t* dropped);
   std::string describe() const;  // "axon:0 stream 3"
 

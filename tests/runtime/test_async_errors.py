@@ -7,8 +7,9 @@ synchronising call on that stream, and every host read of a result computed
 there (``.cpu()``, ``.item()``, ``.tolist()``), raises it.  Work enqueued after
 the failure or after the wait still runs.  A synchronising call reports every
 failure pending on what it covers: the first one's message, then the others
-listed.  Once raised, a failure stops travelling (streams that only passed it
-on drop it); the stream it failed on still reports it once.
+listed.  Every stream that depends on a failure reports it once, whichever is
+synchronised first: the stream it failed on and each stream that waited for it.
+A stream never takes back a failure it reported.
 """
 
 import datetime
@@ -90,13 +91,36 @@ def test_event_carries_the_error():
     torch.axon.current_stream().wait_event(e)
     # Raised by the op itself (a first launch synchronises) or by the read.
     raises_once(lambda: (x * 2 + 1).cpu(), "kernel before event", "reported on axon:0 stream 0")
-    # Raised once: it no longer travels, but s (where it failed) reports it.
+    # The event stands for s's work up to it: it reports the failure for s, once.
+    raises_once(e.synchronize, "kernel before event")
     e.synchronize()
+    s.synchronize()  # reported through the event
+    # A stream that waits on the event afterwards depends on the failed work too.
     t = torch.axon.Stream()
     t.wait_event(e)
+    raises_once(t.synchronize, "kernel before event", f"reported on axon:0 stream {t.stream_id}")
     t.synchronize()
-    raises_once(s.synchronize, "kernel before event")
     torch.axon.synchronize()
+
+
+@pytest.mark.parametrize("first", ["failing", "waiting"])
+def test_every_dependent_stream_reports_whichever_is_synchronized_first(first):
+    """The failing stream and a stream that waited for it both report the
+    failure, once each, in either order; values read through either raise."""
+    x = torch.arange(10.0, device="axon")
+    (x[:2] * 2).cpu()  # not z's first launch (a first launch synchronises)
+    s, t = torch.axon.Stream(), torch.axon.Stream()
+    with torch.axon.stream(s):
+        y = failing_index_select(x)
+    t.wait_stream(s)
+    with torch.axon.stream(t):
+        z = y * 2
+    order = [s, t] if first == "failing" else [t, s]
+    for stream in order:
+        raises_once(stream.synchronize, "index out of range")
+        stream.synchronize()
+    torch.axon.synchronize()
+    del z
 
 
 def test_event_synchronize_reports_the_error():
@@ -168,14 +192,17 @@ def test_chain_of_waits_across_devices():
     s2.wait_stream(s1)
     torch.axon.current_stream(0).wait_stream(s2)
     raises_once(torch.axon.current_stream(0).synchronize, "start of the chain")
-    torch.axon.synchronize(2)  # only passed it on, and it was raised already
+    # s2 only passed it on, but its work after the wait depends on it too
+    raises_once(lambda: torch.axon.synchronize(2), "start of the chain")
     raises_once(lambda: torch.axon.synchronize(1), "start of the chain")  # where it failed
 
 
 def test_reported_error_does_not_come_back_through_a_collective_style_stream():
     # A side stream that waits on the user's stream and is never synchronised
     # by the user (as the process groups' communication streams): once the
-    # user saw the error, later waits on that stream do not raise it again.
+    # user saw the error, later waits on that stream do not raise it again on
+    # the user's stream.  The side stream reports it once, to a device-wide
+    # synchronize (its work after the wait depends on it).
     x = torch.arange(4.0, device="axon")
     comm = torch.axon.Stream()
     inject(0, "seen once")
@@ -186,6 +213,7 @@ def test_reported_error_does_not_come_back_through_a_collective_style_stream():
             y = x + 1
         torch.axon.current_stream().wait_stream(comm)
         assert y.cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+    raises_once(torch.axon.synchronize, "seen once")
     torch.axon.synchronize()
 
 

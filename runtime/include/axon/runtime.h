@@ -107,9 +107,12 @@ class OutOfMemoryError : public Error {
 // synchronising call, which raises first.  A synchronising call reports every
 // failure pending on what it synchronises: the first one's message, then the
 // others listed ("N more asynchronous errors ..."), and clears them there.
-// Once raised, a failure stops travelling: streams that only inherited it
-// drop it, later events do not carry it; the stream it failed on still
-// reports it once (its own results are wrong too).
+// Every stream that depends on a failure reports it once, whichever is
+// synchronised first: the stream it failed on, and each stream that waited
+// for it (their results are wrong too).  A stream never takes back a failure
+// it reported, and events recorded on it after the report do not carry it.
+// event_synchronize reports what the event carries unless its stream
+// reported it already, and counts as that stream's report.
 class AsyncError : public Error {
  public:
   using Error::Error;
