@@ -7,6 +7,7 @@
 //     take the structured path (StructuredKernel.h) to ATen's GEMM;
 //   native stream kernels: bmm.out, baddbmm (structured); addr.out (device checks,
 //     then ATen's composite);
+//   compositions of axon ops: the out_dtype forms (mm.dtype ...; CUDA-only in ATen);
 //   generic stream kernel: the rest.  LAPACK-based ops stay in the fallback.
 #include <ATen/Context.h>
 #include <ATen/ExpandUtils.h>
@@ -325,6 +326,123 @@ at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::T
   return at::native::math_addr_out(self, vec1, vec2, beta, alpha, out);
 }
 
+
+// ------------------------------------------------------------ out_dtype forms
+//
+// mm/bmm/addmm/baddbmm with out_dtype (torch.mm(a, b, out_dtype=torch.float32)):
+// ATen has them for CUDA only.  CUDA's checks, then the product of the inputs
+// in out_dtype: float32 results of 16-bit inputs are not rounded to 16 bits
+// (cuBLAS accumulates and writes them in float32).
+
+void checkOutDtype(c10::ScalarType in, c10::ScalarType out_dtype) {
+  TORCH_CHECK(out_dtype == in || (out_dtype == c10::ScalarType::Float &&
+                                  (in == c10::ScalarType::Half || in == c10::ScalarType::BFloat16)),
+              "out_dtype must be the same as input dtype or fp32 for fp16/bf16 inputs");
+}
+
+void checkOutTensorDtype(c10::ScalarType out_dtype, const at::Tensor& out) {
+  TORCH_CHECK(out_dtype == out.scalar_type(),
+              "out_dtype must be the same as the dtype of the provided out tensor");
+}
+
+void checkMmDtype(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype) {
+  TORCH_CHECK(a.dim() == 2, "self must be a matrix, got ", a.dim(), "-D tensor");
+  TORCH_CHECK(b.dim() == 2, "mat2 must be a matrix, got ", b.dim(), "-D tensor");
+  TORCH_CHECK(a.size(1) == b.size(0), "mat1 and mat2 shapes cannot be multiplied (", a.size(0),
+              "x", a.size(1), " and ", b.size(0), "x", b.size(1), ")");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "input dtypes must be the same");
+  checkOutDtype(a.scalar_type(), out_dtype);
+}
+
+void checkBmmDtype(const at::Tensor& b1, const at::Tensor& b2, c10::ScalarType out_dtype,
+                   const at::Tensor* self) {
+  TORCH_CHECK(b1.dim() == 3, "batch1 must be a 3D tensor");
+  TORCH_CHECK(b2.dim() == 3, "batch2 must be a 3D tensor");
+  TORCH_CHECK(b2.size(0) == b1.size(0) && b2.size(1) == b1.size(2),
+              "Expected size for first two dimensions of batch2 tensor to be: [", b1.size(0), ", ",
+              b1.size(2), "] but got: [", b2.size(0), ", ", b2.size(1), "].");
+  TORCH_CHECK(b1.scalar_type() == b2.scalar_type(), "batch1 and batch2 must have the same dtype");
+  checkOutDtype(b1.scalar_type(), out_dtype);
+  if (self != nullptr) {
+    TORCH_CHECK(self->dim() == 3, "self must be a 3D tensor");
+    TORCH_CHECK(self->sizes() == c10::IntArrayRef({b1.size(0), b1.size(1), b2.size(2)}),
+                "self must have the same shape as the output");
+  }
+}
+
+at::Tensor& axon_mm_dtype_out(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype,
+                         at::Tensor& out) {
+  opDevice("aten::mm.dtype_out", a, {&b, &out});
+  checkMmDtype(a, b, out_dtype);
+  checkOutTensorDtype(out_dtype, out);
+  return at::mm_out(out, a.to(out_dtype), b.to(out_dtype));
+}
+
+at::Tensor axon_mm_dtype(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype) {
+  opDevice("aten::mm.dtype", a, {&b});
+  checkMmDtype(a, b, out_dtype);
+  return at::mm(a.to(out_dtype), b.to(out_dtype));
+}
+
+at::Tensor& axon_bmm_dtype_out(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype,
+                          at::Tensor& out) {
+  opDevice("aten::bmm.dtype_out", a, {&b, &out});
+  checkBmmDtype(a, b, out_dtype, nullptr);
+  checkOutTensorDtype(out_dtype, out);
+  return at::bmm_out(out, a.to(out_dtype), b.to(out_dtype));
+}
+
+at::Tensor axon_bmm_dtype(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype) {
+  opDevice("aten::bmm.dtype", a, {&b});
+  checkBmmDtype(a, b, out_dtype, nullptr);
+  return at::bmm(a.to(out_dtype), b.to(out_dtype));
+}
+
+void checkAddmmDtype(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
+                     c10::ScalarType out_dtype) {
+  TORCH_CHECK(self.scalar_type() == b.scalar_type(), "self and mat2 must have the same dtype, but got ",
+              self.scalar_type(), " and ", b.scalar_type());
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "mat1 and mat2 must have the same dtype, but got ",
+              a.scalar_type(), " and ", b.scalar_type());
+  TORCH_CHECK(a.dim() == 2, "mat1 must be a matrix, got ", a.dim(), "-D tensor");
+  TORCH_CHECK(b.dim() == 2, "mat2 must be a matrix, got ", b.dim(), "-D tensor");
+  TORCH_CHECK(a.size(1) == b.size(0), "mat1 and mat2 shapes cannot be multiplied (", a.size(0),
+              "x", a.size(1), " and ", b.size(0), "x", b.size(1), ")");
+  checkOutDtype(self.scalar_type(), out_dtype);
+}
+
+at::Tensor& axon_addmm_dtype_out(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
+                            c10::ScalarType out_dtype, const at::Scalar& beta,
+                            const at::Scalar& alpha, at::Tensor& out) {
+  opDevice("aten::addmm.dtype_out", a, {&b, &self, &out});
+  checkAddmmDtype(self, a, b, out_dtype);
+  checkOutTensorDtype(out_dtype, out);
+  return at::addmm_out(out, self.to(out_dtype), a.to(out_dtype), b.to(out_dtype), beta, alpha);
+}
+
+at::Tensor axon_addmm_dtype(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
+                       c10::ScalarType out_dtype, const at::Scalar& beta, const at::Scalar& alpha) {
+  opDevice("aten::addmm.dtype", a, {&b, &self});
+  checkAddmmDtype(self, a, b, out_dtype);
+  return at::addmm(self.to(out_dtype), a.to(out_dtype), b.to(out_dtype), beta, alpha);
+}
+
+at::Tensor& axon_baddbmm_dtype_out(const at::Tensor& self, const at::Tensor& b1, const at::Tensor& b2,
+                              c10::ScalarType out_dtype, const at::Scalar& beta,
+                              const at::Scalar& alpha, at::Tensor& out) {
+  opDevice("aten::baddbmm.dtype_out", b1, {&b2, &self, &out});
+  checkBmmDtype(b1, b2, out_dtype, &self);
+  checkOutTensorDtype(out_dtype, out);
+  return at::baddbmm_out(out, self.to(out_dtype), b1.to(out_dtype), b2.to(out_dtype), beta, alpha);
+}
+
+at::Tensor axon_baddbmm_dtype(const at::Tensor& self, const at::Tensor& b1, const at::Tensor& b2,
+                         c10::ScalarType out_dtype, const at::Scalar& beta, const at::Scalar& alpha) {
+  opDevice("aten::baddbmm.dtype", b1, {&b2, &self});
+  checkBmmDtype(b1, b2, out_dtype, &self);
+  return at::baddbmm(self.to(out_dtype), b1.to(out_dtype), b2.to(out_dtype), beta, alpha);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -336,6 +454,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   reg.impl(Path::kFused, "mm", TORCH_FN(mm));
   reg.impl(Path::kFused, "bmm", TORCH_FN(bmm));
   reg.impl(Path::kFused, "addmm", TORCH_FN(addmm));
+  // out_dtype forms (CUDA-only in ATen): compositions of axon ops
+  reg.impl(Path::kFused, "mm.dtype", TORCH_FN(axon_mm_dtype));
+  reg.impl(Path::kFused, "mm.dtype_out", TORCH_FN(axon_mm_dtype_out));
+  reg.impl(Path::kFused, "bmm.dtype", TORCH_FN(axon_bmm_dtype));
+  reg.impl(Path::kFused, "bmm.dtype_out", TORCH_FN(axon_bmm_dtype_out));
+  reg.impl(Path::kFused, "addmm.dtype", TORCH_FN(axon_addmm_dtype));
+  reg.impl(Path::kFused, "addmm.dtype_out", TORCH_FN(axon_addmm_dtype_out));
+  reg.impl(Path::kFused, "baddbmm.dtype", TORCH_FN(axon_baddbmm_dtype));
+  reg.impl(Path::kFused, "baddbmm.dtype_out", TORCH_FN(axon_baddbmm_dtype_out));
   reg.impl(Path::kNative, "addr.out", addr_out);
   reg.impl(Path::kNative, "addr", addr);
   reg.generic({

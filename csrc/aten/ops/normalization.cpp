@@ -5,6 +5,9 @@
 //     kernel, as on CUDA), last-dim _softmax/_log_softmax, with backwards;
 //     other dtypes and layouts: ATen's CPU kernels as stream work;
 //   native stream kernels: the softmax out= overloads (StructuredKernel.h);
+//   compositions of axon ops: SyncBatchNorm's batch_norm_stats/_elemt/
+//     _gather_stats(_with_counts)/_backward_reduce/_backward_elemt (CUDA-only
+//     in ATen);
 //   generic stream kernel: batch norm and group norm (with the adjustments
 //     below; ATen's composites for other backends fail on channels-last
 //     activations or call the CPU kernel directly), weight norm, renorm.
@@ -15,7 +18,11 @@
 #include <ATen/ops/_fused_rms_norm.h>
 #include <ATen/ops/native_layer_norm_backward_cpu_dispatch.h>
 #include <ATen/ops/native_layer_norm_cpu_dispatch.h>
+#include <ATen/AccumulateType.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/var_mean.h>
 #include <ATen/ops/rms_norm_ops.h>
 #include <ATen/ops/_log_softmax_cpu_dispatch.h>
 #include <ATen/ops/_log_softmax_meta.h>
@@ -582,6 +589,185 @@ void batch_norm_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   }
 }
 
+
+// ------------------------------------------------------------ SyncBatchNorm's ops
+//
+// nn.SyncBatchNorm (torch/nn/modules/_functions.py) runs on devices that have
+// these seven ops; ATen has them for CUDA only (no CPU kernel to fall back
+// to).  Compositions of axon ops with CUDA's semantics (Normalization.cu):
+// statistics per channel (dim 1) in the accumulate type (float32 for 16-bit
+// inputs), reductions over every other dim, results in the input's dtype.
+
+c10::ScalarType statsType(c10::ScalarType t) { return at::toAccumulateType(t, /*is_cuda=*/true); }
+
+void checkFloating(const char* op, const at::Tensor& t) {
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(t.scalar_type()), "\"", op,
+                              "\" not implemented for '", t.scalar_type(), "'");
+}
+
+void checkChannels(const char* op, const at::Tensor& input) {
+  TORCH_CHECK(input.dim() >= 2, op, ": expected an input with a channel dimension (at least 2-D), got ",
+              input.dim(), "-D");
+}
+
+std::vector<int64_t> nonChannelDims(const at::Tensor& t) {
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < t.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+
+// A per-channel vector as a tensor that broadcasts against t ([1, C, 1, ...]).
+at::Tensor perChannel(const at::Tensor& v, const at::Tensor& t) {
+  std::vector<int64_t> shape(t.dim(), 1);
+  shape[1] = v.numel();
+  return v.reshape(shape);
+}
+
+std::tuple<at::Tensor, at::Tensor> sync_batch_norm_stats(const at::Tensor& input, double eps) {
+  opDevice("batch_norm_stats", input);
+  checkChannels("batch_norm_stats", input);
+  checkFloating("batch_norm_stats", input);
+  const at::Tensor x = input.to(statsType(input.scalar_type()));
+  auto [var, mean] = at::var_mean(x, nonChannelDims(x), /*correction=*/0, /*keepdim=*/false);
+  return {mean, (var + eps).rsqrt()};
+}
+
+std::tuple<at::Tensor, at::Tensor> sync_batch_norm_gather_stats_with_counts(
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
+    const std::optional<at::Tensor>& running_mean_opt,
+    const std::optional<at::Tensor>& running_var_opt, double momentum, double eps,
+    const at::Tensor& counts) {
+  const char* op = "batch_norm_gather_stats_with_counts";
+  const c10::DeviceIndex device =
+      opDevice(op, input, {&mean, &invstd, &counts});
+  checkSameDevice(op, device, running_mean_opt);
+  checkSameDevice(op, device, running_var_opt);
+  const at::Tensor running_mean = running_mean_opt.value_or(at::Tensor());
+  const at::Tensor running_var = running_var_opt.value_or(at::Tensor());
+  checkFloating(op, running_mean.defined() ? running_mean : input);
+  TORCH_CHECK(mean.dim() == 2 && invstd.sizes() == mean.sizes(), op,
+              ": expected mean and invstd of shape [world size, channels], got ", mean.sizes(),
+              " and ", invstd.sizes());
+  TORCH_CHECK(counts.dim() == 1 && counts.size(0) == mean.size(0), op,
+              ": expected one count per row of mean (", mean.size(0), "), got counts of shape ",
+              counts.sizes());
+  const c10::ScalarType acc = statsType(mean.scalar_type());
+  const at::Tensor m = mean.to(acc);
+  const at::Tensor n_i = counts.to(acc).unsqueeze(1);
+  // Each row's biased variance times its count, then merged with the
+  // spread of the row means around the overall mean (Chan et al.).
+  const at::Tensor v = invstd.to(acc).reciprocal();
+  const at::Tensor n = n_i.sum(0);
+  const at::Tensor avg = (m * n_i).sum(0) / n;
+  const at::Tensor var_n = ((v * v - eps) * n_i + (m - avg).square() * n_i).sum(0);
+  at::Tensor out_invstd = (var_n / n + eps).rsqrt();
+  if (running_mean.defined()) {
+    running_mean.copy_(running_mean.to(acc) * (1 - momentum) + avg * momentum);
+  }
+  if (running_var.defined()) {
+    running_var.copy_(running_var.to(acc) * (1 - momentum) + var_n / (n - 1) * momentum);
+  }
+  return {avg, out_invstd};
+}
+
+std::tuple<at::Tensor, at::Tensor> sync_batch_norm_gather_stats(
+    const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+    double momentum, double eps, int64_t count) {
+  opDevice("batch_norm_gather_stats", input, {&mean});
+  const bool has_running = running_mean.has_value() && running_mean->defined();
+  const at::Tensor counts = at::full({mean.dim() > 0 ? mean.size(0) : 0}, count,
+                                     input.options().dtype(has_running ? running_mean->scalar_type()
+                                                                       : input.scalar_type()));
+  return sync_batch_norm_gather_stats_with_counts(input, mean, invstd, running_mean, running_var,
+                                             momentum, eps, counts);
+}
+
+at::Tensor& sync_batch_norm_elemt_out(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                                 const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                 const at::Tensor& invstd, double /*eps: CUDA's ignores it*/,
+                                 at::Tensor& out) {
+  const char* op = "batch_norm_elemt";
+  const c10::DeviceIndex device = opDevice(op, input, {&mean, &invstd, &out});
+  checkSameDevice(op, device, weight);
+  checkSameDevice(op, device, bias);
+  checkChannels(op, input);
+  checkFloating(op, input);
+  const c10::ScalarType acc = statsType(input.scalar_type());
+  at::Tensor y = (input.to(acc) - perChannel(mean.to(acc), input)) * perChannel(invstd.to(acc), input);
+  if (weight.has_value() && weight->defined()) y = y * perChannel(weight->to(acc), input);
+  if (bias.has_value() && bias->defined()) y = y + perChannel(bias->to(acc), input);
+  at::native::resize_output(out, input.sizes());
+  out.copy_(y);
+  return out;
+}
+
+at::Tensor sync_batch_norm_elemt(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+                            const at::Tensor& invstd, double eps) {
+  at::Tensor out = at::empty_like(input, input.suggest_memory_format());
+  return sync_batch_norm_elemt_out(input, weight, bias, mean, invstd, eps, out);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sync_batch_norm_backward_reduce(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
+    const at::Tensor& invstd, const std::optional<at::Tensor>& weight_opt, bool input_g,
+    bool weight_g, bool bias_g) {
+  const char* op = "batch_norm_backward_reduce";
+  const c10::DeviceIndex device = opDevice(op, grad_out, {&input, &mean, &invstd});
+  checkSameDevice(op, device, weight_opt);
+  checkChannels(op, input);
+  checkFloating(op, grad_out);
+  TORCH_CHECK(mean.scalar_type() == invstd.scalar_type(),
+              "mean and invstd need to have the same data types");
+  TORCH_CHECK(grad_out.sizes() == input.sizes(), op, ": grad_out of shape ", grad_out.sizes(),
+              " does not match the input's ", input.sizes());
+  const at::Tensor weight = weight_opt.value_or(at::Tensor());
+  const c10::ScalarType acc = statsType(mean.scalar_type());
+  const std::vector<int64_t> dims = nonChannelDims(input);
+  const at::Tensor dy = grad_out.to(acc);
+  const at::Tensor sum_dy = dy.sum(dims);
+  const at::Tensor sum_dy_xmu = (dy * (input.to(acc) - perChannel(mean.to(acc), input))).sum(dims);
+  const c10::ScalarType param = weight.defined() ? weight.scalar_type() : mean.scalar_type();
+  at::Tensor grad_weight, grad_bias, out_sum_dy, out_sum_dy_xmu;
+  if (input_g) {
+    out_sum_dy = sum_dy.to(mean.scalar_type());
+    out_sum_dy_xmu = sum_dy_xmu.to(mean.scalar_type());
+  }
+  if (weight_g) grad_weight = (sum_dy_xmu * invstd.to(acc)).to(param);
+  if (bias_g) grad_bias = sum_dy.to(param);
+  return {out_sum_dy, out_sum_dy_xmu, grad_weight, grad_bias};
+}
+
+at::Tensor sync_batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tensor& input,
+                                     const at::Tensor& mean, const at::Tensor& invstd,
+                                     const std::optional<at::Tensor>& weight,
+                                     const at::Tensor& sum_dy, const at::Tensor& sum_dy_xmu,
+                                     const at::Tensor& count) {
+  const char* op = "batch_norm_backward_elemt";
+  const c10::DeviceIndex device =
+      opDevice(op, grad_out, {&input, &mean, &invstd, &sum_dy, &sum_dy_xmu, &count});
+  checkSameDevice(op, device, weight);
+  checkChannels(op, input);
+  checkFloating(op, grad_out);
+  TORCH_CHECK(mean.scalar_type() == invstd.scalar_type(),
+              "mean and invstd need to have the same data types");
+  TORCH_CHECK(grad_out.sizes() == input.sizes(), op, ": grad_out of shape ", grad_out.sizes(),
+              " does not match the input's ", input.sizes());
+  const c10::ScalarType acc = statsType(mean.scalar_type());
+  // The reduction size over every rank: the sum of the ranks' counts.
+  const at::Tensor norm = count.to(acc).sum().reciprocal();
+  const at::Tensor is = perChannel(invstd.to(acc), input);
+  const at::Tensor mean_dy = perChannel(sum_dy.to(acc), input) * norm;
+  const at::Tensor mean_dy_xmu = perChannel(sum_dy_xmu.to(acc), input) * norm;
+  at::Tensor g = (grad_out.to(acc) - mean_dy -
+                  (input.to(acc) - perChannel(mean.to(acc), input)) * is * is * mean_dy_xmu) * is;
+  if (weight.has_value() && weight->defined()) g = g * perChannel(weight->to(acc), input);
+  at::Tensor grad_input = at::empty_like(grad_out, grad_out.suggest_memory_format());
+  grad_input.copy_(g);
+  return grad_input;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -605,6 +791,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                          "_batch_norm_with_update", "_batch_norm_no_update"}) {
     reg.impl(Path::kGeneric, op, torch::CppFunction::makeFromBoxedFunction<&batch_norm_kernel>());
   }
+  // SyncBatchNorm's (CUDA-only in ATen): compositions of axon ops
+  reg.impl(Path::kFused, "batch_norm_stats", TORCH_FN(sync_batch_norm_stats));
+  reg.impl(Path::kFused, "batch_norm_gather_stats", TORCH_FN(sync_batch_norm_gather_stats));
+  reg.impl(Path::kFused, "batch_norm_gather_stats_with_counts",
+           TORCH_FN(sync_batch_norm_gather_stats_with_counts));
+  reg.impl(Path::kFused, "batch_norm_elemt", TORCH_FN(sync_batch_norm_elemt));
+  reg.impl(Path::kFused, "batch_norm_elemt.out", TORCH_FN(sync_batch_norm_elemt_out));
+  reg.impl(Path::kFused, "batch_norm_backward_reduce", TORCH_FN(sync_batch_norm_backward_reduce));
+  reg.impl(Path::kFused, "batch_norm_backward_elemt", TORCH_FN(sync_batch_norm_backward_elemt));
   reg.impl(Path::kGeneric, "native_group_norm",
            torch::CppFunction::makeFromBoxedFunction<&group_norm_kernel>());
   reg.impl(Path::kGeneric, "native_group_norm_backward",
