@@ -112,3 +112,49 @@ def test_cli_rejects_an_unknown_path():
                           capture_output=True, text=True, cwd=REPO_ROOT)
     assert proc.returncode != 0
     assert "unknown path 'nowhere'" in proc.stderr
+
+
+# Ops ATen registers only for other backends (no CPU kernel for the fallback, no
+# composite): the ones axon leaves out, by what ties them to that backend.  A new op
+# of this kind (a torch upgrade) fails the test below until it has an axon kernel or
+# a reason here; nn.SyncBatchNorm's ops and the out_dtype matmuls were such ops.
+_BACKEND_TIED = ("cudnn", "miopen", "mps", "mkldnn", "sparse", "_nested", "quantized", "q_",
+                 "_flash_attention", "_efficient_attention", "_cslt", "_triton",
+                 "_fill_mem_eff_dropout_mask_", "_scaled_grouped_mm", "_weight_int4pack_mm",
+                 "_convert_weight_to_int4pack", "_mixed_dtypes_linear")
+_LEFT_OUT = {
+    # sparse COO/CSR internals (sparse layouts are refused on axon)
+    "_coalesce", "_coalesced_", "_dimI", "_dimV", "_indices", "_values", "_nnz", "_to_dense",
+    "_spsolve", "hspmm", "hspmm.out", "copy_sparse_to_sparse_", "resize_as_sparse_",
+    # quantized tensors (refused on axon)
+    "int_repr", "dequantize.tensors", "empty_quantized", "qscheme",
+    # nested strided tensors (refused on axon)
+    "to_padded_tensor",
+    # CUDA's convolution/pooling algorithms, reached only through CUDA's dispatch
+    "_conv_depthwise2d", "_conv_depthwise2d.out", "conv_depthwise3d", "max_pool2d_backward",
+    # legacy CUDA dropout (F.dropout calls native_dropout), norms no Python API calls
+    "_fused_dropout", "_masked_scale", "native_norm", "native_norm.ScalarOpt_dim_dtype",
+    # backward helpers with no kernel on any backend here
+    "linear_backward", "matmul_backward", "_resize_output_",
+    # torch.func._random's experimental stateless Philox keys (CUDA only upstream)
+    "_philox_key_split", "_philox_key_fold_in", "_philox_uniform_", "_philox_normal_",
+}
+
+
+def test_ops_only_other_backends_have_are_on_axon_or_tied_to_them():
+    keys = ("CPU", "CompositeImplicitAutograd", "CompositeExplicitAutograd",
+            "CompositeExplicitAutogradNonFunctional", "PrivateUse1")
+    missing = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        if any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k) for k in keys):
+            continue
+        op = name[len("aten::"):]
+        if op in _LEFT_OUT or any(tag in op for tag in _BACKEND_TIED):
+            continue
+        missing.append(op)
+    assert not missing, f"ops with a kernel for another backend only, none on axon: {missing}"
+    # the list is not stale: its ops still exist
+    all_ops = {n[len("aten::"):] for n in torch._C._dispatch_get_all_op_names()}
+    assert not _LEFT_OUT - all_ops, _LEFT_OUT - all_ops
