@@ -60,9 +60,18 @@ struct Scratch {
 AXON_INLINE float softmax_update(float* s, int64_t n_padded, float& m, float& l) {
   const float tile_max = simd::max_of(n_padded, [&](auto j) AXON_INLINE_LAMBDA { return load(s, j); });
   const float m_new = std::max(m, tile_max);
-  if (m_new == kNegInf) {  // everything so far is masked
-    for (int64_t j = 0; j < n_padded; ++j) s[j] = 0.0f;
-    return 1.0f;
+  if (m_new == kNegInf) {  // everything so far is masked, or not a number
+    bool nan = false;
+    for (int64_t j = 0; j < n_padded; ++j) nan = nan || std::isnan(s[j]);
+    if (!nan) {
+      for (int64_t j = 0; j < n_padded; ++j) s[j] = 0.0f;
+      return 1.0f;
+    }
+    // NaN scores (a NaN in the query row) that the max skipped: the row's result
+    // is NaN, as softmax's; a NaN m keeps it so through the later tiles.
+    for (int64_t j = 0; j < n_padded; ++j) s[j] = kNaN;
+    m = l = kNaN;
+    return kNaN;
   }
   const float sum = simd::sum_of(n_padded, [&](auto j) AXON_INLINE_LAMBDA {
     const auto p = simd::exp(load(s, j) - m_new);
@@ -171,7 +180,8 @@ AXON_INLINE void finish(const Forward& f, Scratch& w, const Task& t) {
     float* o = w.o.row(r);
     for (int64_t d = 0; d < sh.v_head_dim; ++d) o[d] *= inv;
     if (f.lse != nullptr)
-      f.lse[(t.b * sh.q_heads + h) * sh.q_len + i] = l > 0.0f ? w.m[r] + std::log(l) : kNegInf;
+      f.lse[(t.b * sh.q_heads + h) * sh.q_len + i] =
+          l > 0.0f ? w.m[r] + std::log(l) : std::isnan(l) ? kNaN : kNegInf;
   }
   for (int64_t r = 0, n; r < t.nr; r += n) {
     const int64_t row = t.r0 + r;
@@ -214,7 +224,16 @@ AXON_SIMD void combine(const Forward& f, Scratch& w, int64_t task, int64_t split
     float m = kNegInf, l = 0.0f;
     float* o = w.o.row(r);
     std::fill(o, o + w.o.ld, 0.0f);
-    for (int64_t s = 0; s < splits; ++s) m = std::max(m, state(s, r)[0]);
+    bool nan = false;
+    for (int64_t s = 0; s < splits; ++s) {
+      m = std::max(m, state(s, r)[0]);
+      nan = nan || std::isnan(state(s, r)[0]) || std::isnan(state(s, r)[1]);
+    }
+    if (nan) {  // a split's row is NaN (softmax_update): so is the row
+      std::fill(o, o + w.o.ld, kNaN);
+      w.m[r] = w.l[r] = kNaN;
+      continue;
+    }
     for (int64_t s = 0; m != kNegInf && s < splits; ++s) {
       const float* p = state(s, r);
       const float weight = simd::exp(p[0] - m);

@@ -28,6 +28,7 @@ using simd::Vec;
 using simd::VecAt;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // Keys per kv tile, and rows per q tile (forward: per task).
 constexpr int64_t kBlockK = 64;

@@ -536,3 +536,33 @@ def test_deterministic_algorithms_give_the_same_bits_every_call_and_process(tmp_
     for fields in (outputs[0], outputs[2], outputs[3]):  # the deterministic runs
         assert all(f.split(":")[1] == "1" for f in fields), fields  # one result per op
     assert outputs[0] == outputs[2] == outputs[3]  # the same in every process
+
+
+# ---------------------------------------------------------------- NaN in attention
+
+@pytest.mark.parametrize("mode", ["own", "library"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [(5, 7, 16), (1, 3000, 64)], ids=["rows", "decode_split_keys"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_nan_in_a_query_row_gives_a_nan_row(mode, dtype, shape, causal, isolated):
+    """As softmax (and the CPU's math path): a query row with a NaN attends to
+    NaN.  ATen's CPU flash kernel gives 0 there (its row max skips NaN scores, so
+    the row reads as fully masked); whichever kernel the selection runs, axon's
+    result is the same."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.ops.axon._set_kernel_select(mode)
+    L, S, D = shape
+    q, k, v = (make((1, 2, n, D), dtype, seed=i) for i, n in enumerate((L, S, S)))
+    q[0, 1, L // 2, 3] = float("nan")
+    before = runs("attention")
+    with sdpa_kernel(SDPBackend.MATH):
+        expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                  is_causal=causal)
+    got = F.scaled_dot_product_attention(q.to("axon"), k.to("axon"), v.to("axon"),
+                                         is_causal=causal).cpu()
+    check_side("attention", mode, before)
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert got.isnan().any()
+    ok = ~expected.isnan()
+    torch.testing.assert_close(got[ok].double(), expected[ok], rtol=2e-2, atol=2e-2)

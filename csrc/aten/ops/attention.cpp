@@ -315,6 +315,14 @@ SdpaOutputs sdpa_forward_impl(const char* name, OutLayout layout, const at::Tens
                   flash_mask(cm, qv.sizes(), S), sc);
               co.view().copy_(o);
               cl.view().copy_(l);
+              // ATen's kernel gives 0 for a query row with a NaN (its max skips the
+              // NaN scores, so the row reads as fully masked); ours and the math
+              // path give NaN there, as softmax does.
+              const at::Tensor nan_rows = qv.isnan().any(-1);
+              if (nan_rows.any().item<bool>()) {
+                co.view().masked_fill_(nan_rows.unsqueeze(-1), NAN);
+                cl.view().masked_fill_(nan_rows, NAN);
+              }
             };
           });
     }
