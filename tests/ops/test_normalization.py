@@ -340,17 +340,30 @@ def test_softmax_values_do_not_depend_on_the_input_layout(dtype, log):
         assert torch.equal(a.grad.cpu(), b.grad.cpu())
 
 
+RMS_LAYOUTS = {
+    "channels_last": lambda: make((2, 4, 6, 6), torch.float32).contiguous(
+        memory_format=torch.channels_last),
+    "transposed": lambda: make((6, 5), torch.float32).t(),
+    "permuted_3d": lambda: make((5, 2, 6), torch.float32).permute(1, 0, 2).transpose(1, 2)
+    .contiguous().transpose(1, 2),
+    "sliced": lambda: make((3, 12), torch.float32)[:, ::2],
+}
+
+
+@pytest.mark.parametrize("layout", list(RMS_LAYOUTS))
 @pytest.mark.parametrize("weight", [False, True])
-def test_rms_norm_keeps_channels_last_like_cpu(weight):
-    """F.rms_norm (the fused kernel on axon) of a channels_last input: result
-    and input gradient in the CPU's layout (channels_last), with its values."""
-    x = make((2, 4, 6, 6), torch.float32).contiguous(memory_format=torch.channels_last)
+def test_rms_norm_result_layout_like_cpu(weight, layout):
+    """F.rms_norm (the fused kernel on axon) of a non-contiguous input: result
+    and input gradient in the CPU's layout (channels_last kept, others
+    contiguous, as ATen's rms_norm), with its values."""
+    x = RMS_LAYOUTS[layout]()
+    assert not x.is_contiguous()
     w = make((6,), torch.float32, seed=2) if weight else None
     xc, xa = leaf(x, "cpu"), leaf(x, "axon")
     yc = F.rms_norm(xc, [6], w)
     ya = F.rms_norm(xa, [6], None if w is None else w.to("axon"))
     assert ya.stride() == yc.stride()
-    g = make((2, 4, 6, 6), torch.float32, seed=5)
+    g = make(tuple(x.shape), torch.float32, seed=5)
     yc.backward(g)
     ya.backward(g.to("axon"))
     assert xa.grad.stride() == xc.grad.stride()

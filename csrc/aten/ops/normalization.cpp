@@ -253,6 +253,17 @@ at::Tensor like_input_layout(const at::Tensor& result, const at::Tensor& input) 
   return laid;
 }
 
+// rms_norm's result as the CPU's composite lays it out: channels-last inputs
+// keep their layout, every other comes out contiguous (ATen's rms_norm makes
+// the result contiguous unless input.suggest_memory_format() is channels-last).
+at::Tensor rms_norm_result_layout(const at::Tensor& result, const at::Tensor& input) {
+  const auto format = input.suggest_memory_format();
+  if (format != at::MemoryFormat::ChannelsLast && format != at::MemoryFormat::ChannelsLast3d) {
+    return result;
+  }
+  return like_input_layout(result, input);
+}
+
 // rms_norm is composite in ATen; on axon it goes to _fused_rms_norm (which
 // has a derivative) whenever our kernel takes the inputs, as on CUDA.
 at::Tensor rms_norm_autograd(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
@@ -330,7 +341,7 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm(const at::Tensor& input,
           cr.view().view({rows, 1}).copy_(r);
         };
       });
-  return {like_input_layout(out, input), rstd};
+  return {rms_norm_result_layout(out, input), rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
