@@ -8,6 +8,7 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/CallOnce.h>
 
+#include "AxonGraph.h"
 #include "AxonRuntime.h"
 #include "AxonStream.h"
 
@@ -25,6 +26,14 @@ AxonGeneratorImpl::AxonGeneratorImpl(c10::DeviceIndex device, uint64_t seed)
       seed_(seed) {}
 
 void AxonGeneratorImpl::set_current_seed(uint64_t seed) {
+  // As CUDA's: a capture on the current stream records random ops against the
+  // generator's seed; a new one there would not reach the replays.
+  if (currentStreamCapturing(device().index())) {
+    TORCH_CHECK(seed_ == seed,
+                "AxonGeneratorImpl::set_current_seed can be called during stream capture only "
+                "if new seed is the same as the original seed.");
+    return;
+  }
   seed_ = seed;
   offset_ = 0;
 }

@@ -132,6 +132,16 @@ struct AxonGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     });
   }
 
+  // torch.Stream.is_capturing / native_handle (as CUDA's: cudaStreamIsCapturing,
+  // the cudaStream_t).
+  bool isStreamCapturing(const c10::Stream& stream) const override {
+    return rt_call([&] { return rt::stream_is_capturing(to_rt(stream)); });
+  }
+
+  void* getStreamNativeHandle(const c10::Stream stream) const override {
+    return rt_call([&] { return rt::stream_native_handle(to_rt(stream)); });
+  }
+
   void synchronizeStream(const c10::Stream& stream) const override {
     warnOrErrorOnSync();
     rt_call([&] { rt::stream_synchronize(to_rt(stream)); });

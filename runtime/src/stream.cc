@@ -94,6 +94,8 @@ bool stream_query(Stream s) {
 
 uint64_t stream_launched(Stream s) { return stream_state(s).launched(); }
 
+void* stream_native_handle(Stream s) { return &stream_state(s); }
+
 std::string stream_pending_failure(Stream s) {
   const FailureList failures = stream_state(s).pending_failures();
   const auto first = std::min_element(failures.begin(), failures.end(),

@@ -83,6 +83,15 @@ TEST(Stream, UnusedStreamIsIdle) {
   EXPECT_NO_THROW(stream_synchronize(Stream{2, 7}));
 }
 
+TEST(Stream, NativeHandleIsStableAndDistinct) {
+  const Stream s = stream_from_pool(1, 0), t = stream_from_pool(1, 0);
+  ASSERT_NE(stream_native_handle(s), nullptr);
+  EXPECT_EQ(stream_native_handle(s), stream_native_handle(s));
+  EXPECT_NE(stream_native_handle(s), stream_native_handle(t));
+  EXPECT_NE(stream_native_handle(Stream{1, 0}), stream_native_handle(Stream{2, 0}));
+  EXPECT_THROW(stream_native_handle(Stream{99, 0}), InvalidDeviceError);
+}
+
 TEST(Stream, RunsInOrder) {
   const Stream s = stream_from_pool(0, 0);
   std::vector<int> order;  // touched only by the stream's worker until synchronized

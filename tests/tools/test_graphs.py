@@ -549,3 +549,46 @@ def test_check_input_liveness_names_a_freed_input():
     g.reset()
     with pytest.raises(NotImplementedError, match="enable_annotations"):
         torch.axon.graph(torch.axon.AxonGraph(), enable_annotations=True)
+
+
+def test_streams_report_capturing_through_every_api():
+    """torch.Stream.is_capturing (also through torch.accelerator's current
+    stream) agrees with torch.axon.is_current_stream_capturing, as on CUDA."""
+    s = torch.axon.Stream()
+    other = torch.axon.Stream()
+    g = torch.axon.AxonGraph()
+    x = torch.ones(3, device=DEV)
+    assert not s.is_capturing()
+    with torch.axon.stream(s):
+        g.capture_begin()
+        y = x + 1
+        seen = (torch.axon.is_current_stream_capturing(), s.is_capturing(),
+                torch.accelerator.current_stream().is_capturing(), other.is_capturing())
+        g.capture_end()
+    assert seen == (True, True, True, False)
+    assert not s.is_capturing()
+    g.replay()
+    assert y.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_changing_the_seed_during_a_capture_raises():
+    """As CUDA's generator: the same seed is a no-op, a new one raises (the
+    replays would not see it)."""
+    torch.axon.manual_seed(7)
+    g = torch.axon.AxonGraph()
+    x = torch.empty(4, device=DEV)
+    with torch.axon.graph(g):
+        torch.axon.manual_seed(7)
+        x.uniform_()
+        with pytest.raises(RuntimeError, match="only if new seed is the same as the original"):
+            torch.axon.manual_seed(8)
+    assert torch.axon.initial_seed() == 7
+    torch.axon.manual_seed(9)  # after the capture: allowed
+    assert torch.axon.initial_seed() == 9
+
+
+def test_stream_native_handle_is_stable_and_distinct():
+    s, t = torch.axon.Stream(), torch.axon.Stream()
+    assert s.native_handle != 0 and s.native_handle == s.native_handle
+    assert s.native_handle != t.native_handle
+    assert torch.axon.current_stream().native_handle != 0

@@ -310,6 +310,9 @@ void stream_synchronize(Stream s);  // throws the stream's pending AsyncError(s)
 // The sequence number of the last task enqueued on s (tasks are numbered 1,
 // 2, ... in launch order; 0: none yet).  Lock-free.
 uint64_t stream_launched(Stream s);
+// The driver's own handle of s (torch.Stream.native_handle): stable for the
+// process, distinct per stream, never null.  Throws Error if s is not a stream.
+void* stream_native_handle(Stream s);
 bool stream_query(Stream s);        // true when all enqueued work has run
 // The message of the earliest failure pending on s that no synchronising call
 // reported yet (its own tasks' or inherited through stream_wait_event), or ""
