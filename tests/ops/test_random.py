@@ -403,3 +403,81 @@ def test_axon_generator_for_cpu_work_raises_pytorchs_error():
     with pytest.raises(RuntimeError,
                        match="Expected a 'axon' device type for generator but found 'cpu'"):
         torch.randn(3, device="axon", generator=torch.Generator())
+
+
+# ---------------------------------------------------------------- samplers (torch.distributions)
+
+def _sampler_cases():
+    # (name, call(device), mean, std of one draw): analytic moments
+    return {
+        "poisson": (lambda d: torch.poisson(torch.full((N,), 3.5, device=d)), 3.5, math.sqrt(3.5)),
+        "binomial": (lambda d: torch.binomial(torch.full((N,), 10.0, device=d),
+                                              torch.full((N,), 0.3, device=d)),
+                     3.0, math.sqrt(10 * 0.3 * 0.7)),
+        "standard_gamma": (lambda d: torch._standard_gamma(torch.full((N,), 2.5, device=d)),
+                           2.5, math.sqrt(2.5)),
+        # first coordinate of Dirichlet(1, 2, 3): Beta(1, 5)
+        "dirichlet": (lambda d: torch._sample_dirichlet(
+            torch.tensor([1.0, 2.0, 3.0], device=d).expand(N, 3).contiguous())[:, 0],
+            1 / 6, math.sqrt(1 * 5 / (36 * 7))),
+    }
+
+
+@pytest.mark.parametrize("name", list(_sampler_cases()))
+def test_samplers_statistics_reproducibility_and_no_fallback(name, no_fallback):
+    call, mean, std = _sampler_cases()[name]
+    torch.manual_seed(5)
+    x = call("axon")
+    assert x.device.type == "axon" and x.dtype == torch.float32
+    torch.manual_seed(5)
+    assert torch.equal(call("axon").cpu(), x.cpu())
+    assert not torch.equal(call("axon").cpu(), x.cpu())  # the counter moved on
+    xc = x.cpu().double()
+    assert abs(xc.mean().item() - mean) < Z * std / math.sqrt(N)
+    # the same statistic of the CPU's sampler, as a sanity check of the bound
+    assert abs(call("cpu").double().mean().item() - mean) < Z * std / math.sqrt(N)
+
+
+def test_sampler_gradients_match_the_cpu():
+    """Gamma and Dirichlet reparameterised samples: the gradients the CPU
+    computes for the same samples (the samplers' gradient ops run on axon)."""
+    alpha = make((64,), torch.float32, 0.5, 4.0, seed=3)
+    x = torch._standard_gamma(alpha.to("axon"))
+    got = torch._standard_gamma_grad(alpha.to("axon"), x)
+    torch.testing.assert_close(got.cpu(), torch._standard_gamma_grad(alpha, x.cpu()),
+                               **tol(torch.float32))
+    conc = make((8, 4), torch.float32, 0.5, 3.0, seed=4)
+    s = torch._sample_dirichlet(conc.to("axon"))
+    total = conc.sum(-1, keepdim=True).expand_as(conc)
+    got = torch._dirichlet_grad(s, conc.to("axon"), total.to("axon"))
+    torch.testing.assert_close(got.cpu(), torch._dirichlet_grad(s.cpu(), conc, total),
+                               **tol(torch.float32))
+    a = alpha.to("axon").requires_grad_()
+    torch.distributions.Gamma(a, torch.ones((), device="axon")).rsample().sum().backward()
+    assert a.grad.isfinite().all()
+
+
+def test_sampler_errors_as_the_cpu():
+    with pytest.raises(NotImplementedError, match="poisson_cpu.*Long"):
+        torch.poisson(torch.tensor([1, 2], device="axon"))
+    with pytest.raises(RuntimeError, match="expected rate to be non-negative"):
+        torch.poisson(torch.tensor([-1.0], device="axon")).cpu()
+    assert torch.poisson(torch.empty(0, 3, device="axon")).shape == (0, 3)
+
+
+def test_samplers_draw_new_numbers_each_graph_replay_as_eager():
+    rates = torch.full((256,), 4.0, device="axon")
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g):
+        p = torch.poisson(rates)
+        q = torch._standard_gamma(rates)
+    torch.axon.manual_seed(21)
+    replays = []
+    for _ in range(2):
+        g.replay()
+        replays.append((p.cpu().clone(), q.cpu().clone()))
+    torch.axon.manual_seed(21)
+    eager = [(torch.poisson(rates).cpu(), torch._standard_gamma(rates).cpu()) for _ in range(2)]
+    for got, want in zip(replays, eager):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not torch.equal(replays[0][0], replays[1][0])

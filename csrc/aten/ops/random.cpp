@@ -3,9 +3,18 @@
 // at launch (core/AxonGenerator.h), so results depend on the seed and the
 // order of launches only.
 //   native stream kernels: native_dropout, multinomial (checks written out);
+//     poisson, binomial, _standard_gamma, _sample_dirichlet and the gradients
+//     (ATen's CPU kernel on host views; its checks at a new signature's first
+//     launch);
 //   generic stream kernel: the rest (a CPU generator derived from the axon
 //     generator's counter).
+#include <ATen/ops/_dirichlet_grad.h>
+#include <ATen/ops/_sample_dirichlet.h>
+#include <ATen/ops/_standard_gamma.h>
+#include <ATen/ops/_standard_gamma_grad.h>
+#include <ATen/ops/binomial.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/poisson.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/multinomial_cpu_dispatch.h>
 #include <torch/library.h>
@@ -63,12 +72,98 @@ at::Tensor multinomial(const at::Tensor& self, int64_t n, bool replacement,
   return out;
 }
 
+
+// Samplers without a Meta kernel or a stream kernel before (poisson, binomial,
+// the gamma and Dirichlet samplers and their gradients; torch.distributions'
+// Gamma, Beta, Dirichlet, Poisson, Binomial, StudentT): ATen's CPU kernel as
+// stream work with a CPU generator from the axon generator's counter, so they
+// run asynchronously and can be captured in a graph.  Results are laid out as
+// the CPU's (contiguous, the first input's sizes).
+template <typename Fn>
+at::Tensor sampleLike(const char* name, const at::Tensor& like, c10::ScalarType dtype,
+                      const std::optional<at::Generator>& gen, c10::DeviceIndex device, Fn fn,
+                      const at::Tensor& a, const at::Tensor& b = at::Tensor()) {
+  at::Tensor out = emptyDevice(like.sizes(), dtype, device);
+  if (out.numel() == 0) return out;
+  at::Generator cpu_gen = cpuGeneratorFor(gen, device);
+  launchCpuKernel(device, name,
+                  [fn, cpu_gen](const at::Tensor& x, const at::Tensor& y, at::Tensor& o) {
+                    o.copy_(fn(x, y, cpu_gen));
+                  },
+                  a, b, out);
+  return out;
+}
+
+at::Tensor poisson(const at::Tensor& rates, std::optional<at::Generator> gen) {
+  const auto device = opDevice("poisson", rates);
+  return sampleLike("aten::poisson", rates, rates.scalar_type(), gen, device,
+                    [](const at::Tensor& r, const at::Tensor&, const at::Generator& g) {
+                      return at::poisson(r, g);
+                    }, rates);
+}
+
+at::Tensor binomial(const at::Tensor& count, const at::Tensor& prob,
+                    std::optional<at::Generator> gen) {
+  const auto device = opDevice("binomial", count, {&prob});
+  return sampleLike("aten::binomial", count, count.scalar_type(), gen, device,
+                    [](const at::Tensor& c, const at::Tensor& p, const at::Generator& g) {
+                      return at::binomial(c, p, g);
+                    }, count, prob);
+}
+
+at::Tensor standard_gamma(const at::Tensor& alpha, std::optional<at::Generator> gen) {
+  const auto device = opDevice("_standard_gamma", alpha);
+  return sampleLike("aten::_standard_gamma", alpha, alpha.scalar_type(), gen, device,
+                    [](const at::Tensor& a, const at::Tensor&, const at::Generator& g) {
+                      return at::_standard_gamma(a, g);
+                    }, alpha);
+}
+
+at::Tensor sample_dirichlet(const at::Tensor& alpha, std::optional<at::Generator> gen) {
+  const auto device = opDevice("_sample_dirichlet", alpha);
+  return sampleLike("aten::_sample_dirichlet", alpha, alpha.scalar_type(), gen, device,
+                    [](const at::Tensor& a, const at::Tensor&, const at::Generator& g) {
+                      return at::_sample_dirichlet(a, g);
+                    }, alpha);
+}
+
+// The samplers' gradients (deterministic; no generator).
+at::Tensor standard_gamma_grad(const at::Tensor& self, const at::Tensor& output) {
+  const auto device = opDevice("_standard_gamma_grad", self, {&output});
+  at::Tensor out = emptyDevice(self.sizes(), self.scalar_type(), device);
+  if (out.numel() == 0) return out;
+  launchCpuKernel(device, "aten::_standard_gamma_grad",
+                  [](const at::Tensor& s, const at::Tensor& o, at::Tensor& r) {
+                    r.copy_(at::_standard_gamma_grad(s, o));
+                  },
+                  self, output, out);
+  return out;
+}
+
+at::Tensor dirichlet_grad(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& total) {
+  const auto device = opDevice("_dirichlet_grad", x, {&alpha, &total});
+  at::Tensor out = emptyDevice(x.sizes(), x.scalar_type(), device);
+  if (out.numel() == 0) return out;
+  launchCpuKernel(device, "aten::_dirichlet_grad",
+                  [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, at::Tensor& r) {
+                    r.copy_(at::_dirichlet_grad(a, b, c));
+                  },
+                  x, alpha, total, out);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   OpRegistrar reg(m, "random");
   reg.impl(Path::kNative, "native_dropout", native_dropout);
   reg.impl(Path::kNative, "multinomial", multinomial);
+  reg.impl(Path::kNative, "poisson", TORCH_FN(poisson));
+  reg.impl(Path::kNative, "binomial", TORCH_FN(binomial));
+  reg.impl(Path::kNative, "_standard_gamma", TORCH_FN(standard_gamma));
+  reg.impl(Path::kNative, "_sample_dirichlet", TORCH_FN(sample_dirichlet));
+  reg.impl(Path::kNative, "_standard_gamma_grad", TORCH_FN(standard_gamma_grad));
+  reg.impl(Path::kNative, "_dirichlet_grad", TORCH_FN(dirichlet_grad));
   reg.generic({
       "native_dropout_backward", "exponential_", "cauchy_", "log_normal_", "geometric_",
       "rrelu_with_noise", "bernoulli_.float", "bernoulli_.Tensor", "bernoulli.out", "uniform_",
