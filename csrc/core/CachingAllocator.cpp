@@ -957,6 +957,10 @@ class AxonCachingAllocator final : public c10::DeviceAllocator {
     if (nbytes == 0) {
       return c10::DataPtr(nullptr, dev);
     }
+    // As CUDA's caching allocator (sizes past this overflow its rounding).
+    constexpr size_t kOneExaByte = size_t{1} << 60;
+    TORCH_CHECK_WITH(OutOfMemoryError, nbytes <= kOneExaByte,
+                     "axon out of memory. Tried to allocate more than 1EB memory.");
     if (!g_caching_enabled.load(std::memory_order_relaxed)) {
       TORCH_CHECK(!rt::device_is_capturing(device),
                   "axon graph capture needs the caching allocator: allocations would not come "

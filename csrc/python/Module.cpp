@@ -91,6 +91,7 @@ PYBIND11_MODULE(_C, m) {
   installKernelParallelBackend();
   fusion::install();
   m.def("_device_count", [] { return static_cast<int>(device_count()); });
+  m.def("_devices_initialized", [] { return ::axon::rt::devices_initialized(); });
   m.def("_current_device", [] { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
   m.def("_synchronize", [](int d) {

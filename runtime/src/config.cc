@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
 #include <cstdio>
@@ -209,6 +210,12 @@ Config parse_config(const char* num_devices, const char* memory, const char* log
   return c;
 }
 
+namespace {
+std::atomic<bool> g_config_read{false};
+}  // namespace
+
+bool devices_initialized() noexcept { return g_config_read.load(std::memory_order_acquire); }
+
 const Config& config() noexcept {
   static const Config c = [] {
     Config parsed = parse_config(
@@ -219,6 +226,7 @@ const Config& config() noexcept {
     for (const auto& w : parsed.warnings) std::fprintf(stderr, "%s\n", w.c_str());
     return parsed;
   }();
+  g_config_read.store(true, std::memory_order_release);
   return c;
 }
 

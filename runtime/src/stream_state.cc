@@ -281,8 +281,10 @@ void StreamState::throw_pending_error() {
     if (failures_.empty()) return;
     failures.swap(failures_);
     std::swap(dropped, dropped_failures_);
+    // Under the lock: a wait task inheriting on the worker meanwhile must see them
+    // reported here, or it would add them back.
+    for (const auto& p : failures) p.failure->mark_reported(this);
   }
-  for (const auto& p : failures) p.failure->mark_reported(this);
   throw_failures(std::move(failures), describe(), dropped);
 }
 

@@ -164,6 +164,28 @@ def test_visible_devices_choose_and_order_the_devices():
                         "(valid indices are 0..1)"), lines[3]
 
 
+def test_devices_initialise_lazily_so_variables_set_after_import_apply():
+    """As CUDA's lazy initialisation (test_cuda's test_lazy_init): importing torch
+    does not count the devices; AXON_VISIBLE_DEVICES / AXON_NUM_DEVICES set after
+    the import and before the first device call apply, and torch.manual_seed
+    before it seeds the devices then made."""
+    r = run_python("""
+        import os, torch
+        print(torch.axon.is_initialized())
+        torch.manual_seed(3)  # before the devices exist: applied when they do
+        os.environ["AXON_NUM_DEVICES"] = "4"
+        os.environ["AXON_VISIBLE_DEVICES"] = "2,0"
+        a = torch.rand(4, device="axon").cpu()
+        print(torch.axon.is_initialized(), torch.axon.device_count(),
+              torch.axon.get_device_properties(0).pci_device_id,
+              len(torch.axon.default_generators))
+        torch.manual_seed(3)
+        print(torch.equal(a, torch.rand(4, device="axon").cpu()))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True", "2", "2", "2", "True"], r.stdout
+
+
 @pytest.mark.parametrize("value", ["", "-1"])
 def test_visible_devices_blank_or_negative_hides_every_device(value):
     r = run_python("""

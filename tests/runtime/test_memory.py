@@ -297,6 +297,14 @@ def test_oom_in_process_for_an_impossible_request(dev):
     assert torch.equal(keep.cpu(), torch.full((KiB,), 2.0))
 
 
+def test_oom_for_more_than_an_exabyte_as_cuda(dev):
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate more than 1EB memory"):
+        torch.empty((1 << 60) + 1, dtype=torch.uint8, device=f"axon:{dev}")
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 1073741824.00 GiB"):
+        torch.empty(1 << 60, dtype=torch.uint8, device=f"axon:{dev}")
+    assert torch.ones(3, device=f"axon:{dev}").sum().item() == 3.0
+
+
 def test_concurrent_allocations_from_threads(dev):
     import threading
 

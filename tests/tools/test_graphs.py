@@ -589,6 +589,8 @@ def test_changing_the_seed_during_a_capture_raises():
 
 def test_stream_native_handle_is_stable_and_distinct():
     s, t = torch.axon.Stream(), torch.axon.Stream()
-    assert s.native_handle != 0 and s.native_handle == s.native_handle
+    same = torch.axon.Stream(stream_id=s.stream_id, device_index=s.device_index,
+                             device_type=s.device_type)
+    assert s.native_handle != 0 and same.native_handle == s.native_handle
     assert s.native_handle != t.native_handle
     assert torch.axon.current_stream().native_handle != 0

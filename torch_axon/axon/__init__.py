@@ -48,6 +48,12 @@ def reset_fusion_stats() -> None:
 
 
 def __getattr__(name: str):
+    # torch.axon.default_generators: made at first use (random.py), so that the
+    # devices are counted then, not at import.
+    if name == "default_generators":
+        from .random import _generators
+
+        return _generators()
     # Inductor looks up the device's code generation here (see
     # torch_axon.integrations.torch_compile.inductor_scheduling); the lookup
     # registers it with Inductor directly.

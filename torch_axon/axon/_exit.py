@@ -28,6 +28,8 @@ from .. import _C
 def _used_devices() -> list[int]:
     from .memory import memory_reserved
 
+    if not _C._devices_initialized():  # never used: nothing to release
+        return []
     return [d for d in range(_C._device_count())
             if _C._num_device_allocs(d) > 0 or memory_reserved(d) > 0]
 

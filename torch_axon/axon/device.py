@@ -28,21 +28,29 @@ _DeviceLike = Any  # int, str, torch.device or None
 
 
 def is_available() -> bool:
-    """True when at least one axon device exists."""
+    """True when at least one axon device exists (counting them sets the devices up)."""
     return _C._device_count() > 0
 
 
 def is_initialized() -> bool:
-    """Axon initialises on import; always True once torch_axon is loaded."""
-    return True
+    """Whether the devices were set up yet.  As CUDA, axon initialises lazily, at
+    the first call that needs a device (counting them included): AXON_* variables
+    (AXON_VISIBLE_DEVICES, AXON_NUM_DEVICES ...) set after ``import torch`` and
+    before that call apply."""
+    return _C._devices_initialized()
 
 
 def init() -> None:
-    """No-op: kept for code written against torch.cuda.init()."""
+    """Initialise axon's devices now (torch.cuda.init())."""
+    _lazy_init()
 
 
 def _lazy_init() -> None:
-    """No-op: PyTorch internals call this on device modules."""
+    """Initialise axon's devices if not yet, applying seeds given before
+    (PyTorch calls this before making a tensor on axon, as torch.cuda's)."""
+    from .random import _generators
+
+    _generators()
 
 
 def _is_in_bad_fork() -> bool:

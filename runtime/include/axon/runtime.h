@@ -147,6 +147,10 @@ struct DeviceProperties {
 // ignored with a warning, like every other bad value.  The default memory is
 // min(8GiB, host memory / AXON_NUM_DEVICES).
 int device_count() noexcept;
+// Whether the configuration above was read yet (the first call that needs the
+// devices reads it, as CUDA initialises lazily: variables set after the
+// library loaded, before that call, still apply).
+bool devices_initialized() noexcept;
 
 // Throws InvalidDeviceError naming the index and the device count.
 void check_device(int device);
