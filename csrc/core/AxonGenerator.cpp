@@ -46,8 +46,36 @@ uint64_t AxonGeneratorImpl::seed() {
   return s;
 }
 
-void AxonGeneratorImpl::set_offset(uint64_t offset) { offset_ = offset; }
-uint64_t AxonGeneratorImpl::get_offset() const { return offset_; }
+namespace {
+std::shared_ptr<GraphRng> currentCaptureRng(c10::DeviceIndex device);
+
+// While the current stream of the generator's device captures a graph, the
+// generator's state as the capture sees it: (seed, offset at the capture's
+// start + the capture's position), and a state set there moves the position
+// (the replays then draw what the same calls draw eagerly).  The offset may
+// not go before where the capture began.
+void moveCapturePosition(const c10::GeneratorImpl* gen, GraphRng& rng, uint64_t base,
+                         uint64_t offset) {
+  TORCH_CHECK(offset >= base,
+              "axon: the generator's offset can be set during a graph capture only to a state "
+              "taken in the same capture (offset ", offset, " is before the capture began at ",
+              base, ")");
+  rng.moveTo(gen, offset - base);
+}
+}  // namespace
+
+void AxonGeneratorImpl::set_offset(uint64_t offset) {
+  if (auto rng = currentCaptureRng(device().index())) {
+    moveCapturePosition(this, *rng, offset_, offset);
+    return;
+  }
+  offset_ = offset;
+}
+
+uint64_t AxonGeneratorImpl::get_offset() const {
+  if (auto rng = currentCaptureRng(device().index())) return offset_ + rng->position(this);
+  return offset_;
+}
 
 c10::intrusive_ptr<c10::TensorImpl> AxonGeneratorImpl::get_state() const {
   // Not dispatched (as CUDA's generator): a real tensor even under a
@@ -56,7 +84,7 @@ c10::intrusive_ptr<c10::TensorImpl> AxonGeneratorImpl::get_state() const {
                                            std::nullopt, std::nullopt);
   auto* p = static_cast<uint64_t*>(state.data_ptr());
   p[0] = seed_;
-  p[1] = offset_;
+  p[1] = get_offset();
   return state.getIntrusivePtr();
 }
 
@@ -66,6 +94,13 @@ void AxonGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
               "RNG state must be a torch.ByteTensor of 16 bytes on the CPU, got ",
               new_state.numel(), " elements of ", new_state.dtype());
   const auto* p = static_cast<const uint64_t*>(new_state.data());
+  if (auto rng = currentCaptureRng(device().index())) {
+    TORCH_CHECK(p[0] == seed_,
+                "axon: set_rng_state during a graph capture can only restore a state taken in "
+                "the same capture (its seed ", p[0], " is not the generator's ", seed_, ")");
+    moveCapturePosition(this, *rng, offset_, p[1]);
+    return;
+  }
   seed_ = p[0];
   offset_ = p[1];
 }
@@ -73,6 +108,14 @@ void AxonGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
 std::pair<uint64_t, uint64_t> AxonGeneratorImpl::reserve(uint64_t increment) {
   uint64_t first = offset_;
   offset_ += increment;
+  return {seed_, first};
+}
+
+std::pair<uint64_t, uint64_t> AxonGeneratorImpl::reserveEndingAt(uint64_t increment,
+                                                                 uint64_t end) {
+  (void)increment;  // the range [first, first + increment) is this replay's
+  const uint64_t first = offset_;
+  offset_ = first + end;
   return {seed_, first};
 }
 
@@ -162,12 +205,31 @@ RawRng reserveRawRng(c10::DeviceIndex device, at::Generator gen, uint64_t increm
   return r;
 }
 
+GraphRng::Counter& GraphRng::counterLocked(const c10::GeneratorImpl* gen) {
+  for (Counter& c : counters_)
+    if (c.gen == gen) return c;
+  return counters_.emplace_back(Counter{gen});
+}
+
 void GraphRng::add(Entry e) {
   std::lock_guard<std::mutex> lock(mu_);
-  e.relative = 0;
-  for (const Entry& prev : entries_)
-    if (prev.axon == e.axon) e.relative += prev.increment;
+  Counter& c = counterLocked(e.axon.unsafeGetGeneratorImpl());
+  e.relative = c.cursor;
+  c.cursor += e.increment;
+  c.extent = std::max(c.extent, c.cursor);
   entries_.push_back(std::move(e));
+}
+
+uint64_t GraphRng::position(const c10::GeneratorImpl* gen) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counterLocked(gen).cursor;
+}
+
+void GraphRng::moveTo(const c10::GeneratorImpl* gen, uint64_t position) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Counter& c = counterLocked(gen);
+  c.cursor = position;
+  c.extent = std::max(c.extent, position);
 }
 
 at::Generator GraphRng::cpuGenerator(const at::Generator& axon_gen) {
@@ -194,19 +256,24 @@ std::function<void()> GraphRng::prepareReplay() {
   // the capture took from it: its range for this replay.
   struct Range {
     at::Generator gen;
-    uint64_t count = 0;
+    uint64_t count = 0;  // counter values the capture took
+    uint64_t end = 0;    // where it stood at the end
     std::pair<uint64_t, uint64_t> first;  // (seed, offset)
   };
   std::vector<Range> ranges;
   for (const Entry& e : entries_) {
     auto it = std::find_if(ranges.begin(), ranges.end(),
                            [&](const Range& r) { return r.gen == e.axon; });
-    if (it == ranges.end()) it = ranges.insert(ranges.end(), Range{e.axon, 0, {0, 0}});
-    it->count += e.increment;
+    if (it == ranges.end()) {
+      it = ranges.insert(ranges.end(), Range{e.axon, 0, 0, {0, 0}});
+      const Counter& c = counterLocked(e.axon.unsafeGetGeneratorImpl());
+      it->count = c.extent;
+      it->end = c.cursor;
+    }
   }
   for (Range& r : ranges) {
     std::lock_guard<std::mutex> glock(r.gen.mutex());
-    r.first = r.gen.get<AxonGeneratorImpl>()->reserve(r.count);
+    r.first = r.gen.get<AxonGeneratorImpl>()->reserveEndingAt(r.count, r.end);
   }
   std::vector<std::pair<at::Generator, uint64_t>> seeds;
   std::vector<std::pair<std::shared_ptr<RawRngSlot>, RawRngSlot>> slots;

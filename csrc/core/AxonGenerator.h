@@ -30,6 +30,10 @@ class AxonGeneratorImpl : public c10::GeneratorImpl {
 
   // Reserves `increment` counter values; returns (seed, first offset).
   std::pair<uint64_t, uint64_t> reserve(uint64_t increment);
+  // A graph replay's range: `increment` values from the current offset, after
+  // which the offset is first + `end` (a capture that moved its position back
+  // ends where it stood last, as the same calls eagerly).
+  std::pair<uint64_t, uint64_t> reserveEndingAt(uint64_t increment, uint64_t end);
 
   static c10::DeviceType device_type();
 
@@ -82,6 +86,12 @@ class GraphRng {
   // drew no random numbers).
   std::function<void()> prepareReplay();
   bool empty();
+  // Where the capture stands in gen's counter, relative to where it began
+  // (get_state/get_offset while capturing), and moving it back or forth
+  // (set_state/set_offset while capturing: torch.utils.checkpoint restores a
+  // state it saved in the capture, so the replay recomputes the same numbers).
+  uint64_t position(const c10::GeneratorImpl* gen);
+  void moveTo(const c10::GeneratorImpl* gen, uint64_t position);
 
  private:
   struct Entry {
@@ -92,8 +102,15 @@ class GraphRng {
     uint64_t increment;
   };
   void add(Entry e);
+  struct Counter {
+    const c10::GeneratorImpl* gen;
+    uint64_t cursor = 0;  // the next relative counter value (where the capture ends)
+    uint64_t extent = 0;  // the most the capture took (a replay reserves this many)
+  };
+  Counter& counterLocked(const c10::GeneratorImpl* gen);
   std::mutex mu_;
   std::vector<Entry> entries_;
+  std::vector<Counter> counters_;
 };
 // Registers (rng != nullptr) or removes the GraphRng of a capture (the
 // runtime's capture id).

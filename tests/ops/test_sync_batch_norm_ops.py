@@ -184,3 +184,46 @@ def test_out_dtype_matmul_errors_as_cuda():
         torch.baddbmm(torch.ones(1, 2, 2, device="axon", dtype=torch.half),
                       torch.ones(3, 2, 3, device="axon", dtype=torch.half),
                       torch.ones(3, 3, 2, device="axon", dtype=torch.half), out_dtype=torch.float32)
+
+
+def test_constant_channel_without_epsilon_has_invstd_zero_as_cuda():
+    x = make((4, 2, 3), torch.float32, seed=1)
+    x[:, 1] = 2.5  # constant channel: variance 0
+    mean, invstd = torch.batch_norm_stats(x.to("axon"), 0.0)
+    assert invstd[1].item() == 0.0 and torch.isfinite(invstd).all()
+    torch.testing.assert_close(mean.cpu()[1], torch.tensor(2.5))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sync_batch_norm_with_16_bit_parameters(dtype):
+    """A module converted to 16 bits: weight, bias and running statistics in the
+    input's dtype; grad_weight/grad_bias come out in it too (CUDA's rule)."""
+    x = input_of("contiguous", dtype)
+    c = x.size(1)
+    weight = make((c,), dtype, 0.5, 1.5, seed=4)
+    bias = make((c,), dtype, seed=5)
+    grad_out = make(x.shape, dtype, seed=6)
+    rm0, rv0 = make((c,), dtype, seed=7), make((c,), dtype, 0.5, 2.0, seed=8)
+    expected = batch_norm_on_cpu(x, weight, bias, rm0, rv0, grad_out)
+    rm, rv = rm0.to("axon"), rv0.to("axon")
+    out, grad_in, grad_w, grad_b = sync_bn_on_axon(
+        x.to("axon"), weight.to("axon"), bias.to("axon"), rm, rv, grad_out.to("axon"), [2, 4])
+    assert grad_w.dtype == dtype and grad_b.dtype == dtype and rm.dtype == dtype
+    t = tol(dtype, accum=True)
+    torch.testing.assert_close(out.cpu().double(), expected[0], **t)
+    torch.testing.assert_close(grad_in.cpu().double(), expected[1], **t)
+    torch.testing.assert_close(grad_w.cpu().double(), expected[2], rtol=2e-2, atol=2e-1)
+    torch.testing.assert_close(rm.cpu().double(), expected[4], **t)
+    torch.testing.assert_close(rv.cpu().double(), expected[5], **t)
+
+
+def test_sync_batch_norm_ops_check_stat_shapes_and_out_dtype():
+    x = torch.ones(4, 3, 2, device="axon")
+    mean, invstd = torch.batch_norm_stats(x, EPS)
+    with pytest.raises(RuntimeError, match=r"expected mean and invstd of shape \[3\]"):
+        torch.batch_norm_elemt(x, None, None, mean[:2], invstd[:2], EPS)
+    with pytest.raises(RuntimeError, match=r"expected mean and invstd of shape \[3\]"):
+        torch.batch_norm_backward_reduce(x, x, mean[:2], invstd[:2], None, True, False, False)
+    with pytest.raises(RuntimeError, match="expected out of dtype"):
+        torch.batch_norm_elemt(x, None, None, mean, invstd, EPS,
+                               out=torch.empty(0, device="axon", dtype=torch.float64))

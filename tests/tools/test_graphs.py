@@ -594,3 +594,71 @@ def test_stream_native_handle_is_stable_and_distinct():
     assert s.native_handle != 0 and same.native_handle == s.native_handle
     assert s.native_handle != t.native_handle
     assert torch.axon.current_stream().native_handle != 0
+
+
+def test_rng_state_restored_inside_a_capture_replays_as_eager():
+    """get_rng_state/set_rng_state inside a capture (torch.utils.checkpoint's
+    preserve_rng_state): each replay draws what the same calls draw eagerly, and
+    leaves the generator where eager execution leaves it."""
+    def body():
+        st = torch.axon.get_rng_state()
+        a = torch.randn(3, device=DEV)
+        torch.axon.set_rng_state(st)
+        b = torch.randn(3, device=DEV)
+        c = torch.rand(2, device=DEV)
+        return a, b, c
+
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g):
+        outs = body()
+    torch.axon.manual_seed(5)
+    g.replay()
+    replayed = [t.cpu().clone() for t in outs]
+    after_replay = torch.axon.get_rng_state()
+    torch.axon.manual_seed(5)
+    eager = [t.cpu() for t in body()]
+    assert torch.equal(replayed[0], replayed[1])
+    for got, want in zip(replayed, eager):
+        assert torch.equal(got, want)
+    assert torch.equal(after_replay, torch.axon.get_rng_state())
+    # a state from outside the capture (another seed) cannot be set in it
+    other = torch.Generator("axon").manual_seed(123).get_state()
+    with torch.axon.graph(torch.axon.AxonGraph()):
+        with pytest.raises(RuntimeError, match="only restore a state taken in the same capture"):
+            torch.axon.set_rng_state(other)
+
+
+def test_checkpoint_with_dropout_in_a_graph_matches_eager():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 16).to(DEV)
+    drop = torch.nn.Dropout(0.5)
+    x = torch.randn(8, 16, device=DEV, requires_grad=True)
+
+    def step():
+        y = torch.utils.checkpoint.checkpoint(lambda t: drop(lin(t)).relu(), x,
+                                              use_reentrant=False, preserve_rng_state=True)
+        y.sum().backward()
+        return y.detach()
+
+    s = torch.axon.Stream()
+    s.wait_stream(torch.axon.current_stream())
+    with torch.axon.stream(s):  # warm up (autograd's streams) off the default stream
+        step()
+    torch.axon.current_stream().wait_stream(s)
+    x.grad = None
+    lin.zero_grad(set_to_none=False)
+    g = torch.axon.AxonGraph()
+    with torch.axon.graph(g):
+        out = step()
+    torch.axon.manual_seed(9)
+    lin.weight.grad.zero_()
+    x.grad.zero_()
+    g.replay()
+    got = (out.cpu().clone(), x.grad.cpu().clone(), lin.weight.grad.cpu().clone())
+    torch.axon.manual_seed(9)
+    x.grad.zero_()
+    lin.weight.grad.zero_()
+    want_out = step()
+    torch.testing.assert_close(got[0], want_out.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(got[1], x.grad.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(got[2], lin.weight.grad.cpu(), rtol=0, atol=0)

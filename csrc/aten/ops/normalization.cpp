@@ -23,6 +23,8 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/var_mean.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/ops/rms_norm_ops.h>
 #include <ATen/ops/_log_softmax_cpu_dispatch.h>
 #include <ATen/ops/_log_softmax_meta.h>
@@ -621,6 +623,14 @@ void checkChannels(const char* op, const at::Tensor& input) {
               input.dim(), "-D");
 }
 
+// mean and invstd: one value per channel of input.
+void checkStats(const char* op, const at::Tensor& input, const at::Tensor& mean,
+                const at::Tensor& invstd) {
+  TORCH_CHECK(mean.dim() == 1 && mean.numel() == input.size(1) && invstd.sizes() == mean.sizes(),
+              op, ": expected mean and invstd of shape [", input.size(1),
+              "] (one per channel of the input), got ", mean.sizes(), " and ", invstd.sizes());
+}
+
 std::vector<int64_t> nonChannelDims(const at::Tensor& t) {
   std::vector<int64_t> dims{0};
   for (int64_t d = 2; d < t.dim(); ++d) dims.push_back(d);
@@ -640,7 +650,10 @@ std::tuple<at::Tensor, at::Tensor> sync_batch_norm_stats(const at::Tensor& input
   checkFloating("batch_norm_stats", input);
   const at::Tensor x = input.to(statsType(input.scalar_type()));
   auto [var, mean] = at::var_mean(x, nonChannelDims(x), /*correction=*/0, /*keepdim=*/false);
-  return {mean, (var + eps).rsqrt()};
+  at::Tensor invstd = (var + eps).rsqrt();
+  // CUDA's InvStd: 0, not inf, for a constant channel without epsilon.
+  if (eps == 0) invstd = at::where(var == 0, at::zeros_like(invstd), invstd);
+  return {mean, invstd};
 }
 
 std::tuple<at::Tensor, at::Tensor> sync_batch_norm_gather_stats_with_counts(
@@ -704,6 +717,9 @@ at::Tensor& sync_batch_norm_elemt_out(const at::Tensor& input, const std::option
   checkSameDevice(op, device, bias);
   checkChannels(op, input);
   checkFloating(op, input);
+  TORCH_CHECK(out.scalar_type() == input.scalar_type(), op, ": expected out of dtype ",
+              input.scalar_type(), " (the input's), got ", out.scalar_type());
+  checkStats(op, input, mean, invstd);
   const c10::ScalarType acc = statsType(input.scalar_type());
   at::Tensor y = (input.to(acc) - perChannel(mean.to(acc), input)) * perChannel(invstd.to(acc), input);
   if (weight.has_value() && weight->defined()) y = y * perChannel(weight->to(acc), input);
@@ -733,6 +749,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sync_batch_norm_backw
               "mean and invstd need to have the same data types");
   TORCH_CHECK(grad_out.sizes() == input.sizes(), op, ": grad_out of shape ", grad_out.sizes(),
               " does not match the input's ", input.sizes());
+  checkStats(op, input, mean, invstd);
   const at::Tensor weight = weight_opt.value_or(at::Tensor());
   const c10::ScalarType acc = statsType(mean.scalar_type());
   const std::vector<int64_t> dims = nonChannelDims(input);
@@ -765,6 +782,7 @@ at::Tensor sync_batch_norm_backward_elemt(const at::Tensor& grad_out, const at::
               "mean and invstd need to have the same data types");
   TORCH_CHECK(grad_out.sizes() == input.sizes(), op, ": grad_out of shape ", grad_out.sizes(),
               " does not match the input's ", input.sizes());
+  checkStats(op, input, mean, invstd);
   const c10::ScalarType acc = statsType(mean.scalar_type());
   // The reduction size over every rank: the sum of the ranks' counts.
   const at::Tensor norm = count.to(acc).sum().reciprocal();
