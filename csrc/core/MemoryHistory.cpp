@@ -219,17 +219,18 @@ py::dict stat_dict(const c10::CachingAllocator::Stat& s) {
 }
 
 // torch.cuda.host_memory_stats_as_nested_dict's keys where they mean
-// something here: pinned buffers are not cached (each pin_memory is one
-// runtime host_alloc, each free one host_free), so active == owned.
+// something here: buffers owned (allocations, allocated_bytes: in use and
+// cached), in use (active_*), runtime host_alloc/host_free calls.  CUDA's
+// host_alloc_time/host_free_time are not measured.
 py::dict host_stats() {
   at::HostStats s = at::getHostAllocator(kAxon)->get_stats();
   py::dict d;
   d["allocations"] = stat_dict(s.allocations);
   d["allocated_bytes"] = stat_dict(s.allocated_bytes);
-  d["active_requests"] = stat_dict(s.allocations);
-  d["active_bytes"] = stat_dict(s.allocated_bytes);
-  d["num_host_alloc"] = s.allocations.allocated;
-  d["num_host_free"] = s.allocations.freed;
+  d["active_requests"] = stat_dict(s.active_requests);
+  d["active_bytes"] = stat_dict(s.active_bytes);
+  d["num_host_alloc"] = s.num_host_alloc;
+  d["num_host_free"] = s.num_host_free;
   return d;
 }
 

@@ -48,6 +48,14 @@ void host_free(void* ptr) {
   std::free(ptr);
 }
 
+bool host_in_use(const void* ptr) {
+  bool busy = false;
+  pinned().with(ptr, [&](auto& e) {
+    for (auto [stream, seq] : e.payload) busy = busy || stream->completed() < seq;
+  });
+  return busy;
+}
+
 bool is_host_pinned(const void* ptr) noexcept {
   return pinned().with(ptr, [](auto&) {});
 }

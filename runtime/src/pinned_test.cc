@@ -44,6 +44,26 @@ TEST(Pinned, FreeNullIsNoOpAndForeignPointerThrows) {
   free(d);
 }
 
+TEST(Pinned, InUseWhileACopyUsesTheBuffer) {
+  constexpr size_t n = 256;
+  auto* host = static_cast<unsigned char*>(host_alloc(n));
+  auto* dev = static_cast<unsigned char*>(malloc(0, n));
+  const Stream s = stream_from_pool(0, 0);
+  EXPECT_FALSE(host_in_use(host));
+  Gate gate;
+  launch(s, "gate", [&] { gate.wait(); });
+  memcpy(dev, host + 16, 64, s);  // an interior pointer counts for the buffer
+  if (!launch_blocking()) {
+    EXPECT_TRUE(host_in_use(host));
+  }
+  gate.open();
+  stream_synchronize(s);
+  EXPECT_FALSE(host_in_use(host));
+  EXPECT_FALSE(host_in_use(dev));  // not pinned memory
+  host_free(host);
+  free(dev);
+}
+
 TEST(Pinned, HostFreeWaitsForPendingCopies) {
   AXON_REQUIRE_DEFAULT_ENV();
   constexpr size_t n = 4096;

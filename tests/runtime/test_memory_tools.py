@@ -492,25 +492,58 @@ def test_out_of_memory_error_is_torchs():
 
 def test_host_memory_stats_count_pinned_memory():
     gc.collect()
+    torch.accelerator.empty_host_cache()
     before = torch.axon.host_memory_stats()
     assert set(before) >= {f"{k}.{m}" for k in ("allocations", "allocated_bytes",
                                                 "active_requests", "active_bytes")
                            for m in ("current", "peak", "allocated", "freed")}
-    x = torch.ones(1000).pin_memory()
-    y = torch.ones(10, dtype=torch.float64).pin_memory()
+    x = torch.ones(1000).pin_memory()                     # 4000 bytes: a 4096-byte buffer
+    y = torch.ones(10, dtype=torch.float64).pin_memory()  # 80 bytes: 128
     mid = torch.axon.host_memory_stats()
     assert mid["allocations.current"] == before["allocations.current"] + 2
-    assert mid["allocated_bytes.current"] == before["allocated_bytes.current"] + 4080
-    assert mid["active_bytes.current"] == mid["allocated_bytes.current"]
+    assert mid["allocated_bytes.current"] == before["allocated_bytes.current"] + 4096 + 128
+    assert mid["active_bytes.current"] == before["active_bytes.current"] + 4096 + 128
     assert mid["num_host_alloc"] == before["num_host_alloc"] + 2
     nested = torch.axon.host_memory_stats_as_nested_dict()
     assert nested["allocated_bytes"]["current"] == mid["allocated_bytes.current"]
     del x, y
+    cached = torch.axon.host_memory_stats()  # freed into the cache: still owned, not active
+    assert cached["allocations.current"] == mid["allocations.current"]
+    assert cached["active_requests.current"] == before["active_requests.current"]
+    assert cached["num_host_free"] == before["num_host_free"]
+    torch.accelerator.empty_host_cache()
     after = torch.axon.host_memory_stats()
     assert after["allocations.current"] == before["allocations.current"]
     assert after["num_host_free"] == before["num_host_free"] + 2
     torch.axon.reset_peak_host_memory_stats()
     assert torch.axon.host_memory_stats()["allocated_bytes.peak"] == after["allocated_bytes.current"]
+
+
+def test_pinned_buffers_are_cached_and_reused_once_their_copies_ran():
+    """As CUDA's caching host allocator (test_cuda's test_caching_pinned_memory):
+    a freed pinned buffer comes back for the next request of its size, but not
+    while a queued copy still reads it; freeing never waits for the device."""
+    gc.collect()
+    t = torch.ones(1000).pin_memory()
+    ptr = t.data_ptr()
+    del t
+    again = torch.ones(1000).pin_memory()
+    assert again.data_ptr() == ptr  # reused
+    dev = torch.empty(1000, device="axon")
+    s = torch.axon.Stream()
+    with torch.axon.stream(s):
+        torch.axon._C._test_sleep_on_stream(0, 300)  # the copy below waits behind this
+        dev.copy_(again, non_blocking=True)
+    expected = again.clone()
+    del again  # returns at once, the copy still queued
+    busy = torch.ones(1000).pin_memory()
+    assert busy.data_ptr() != ptr  # the queued copy still reads the old buffer
+    busy.fill_(7.0)
+    busy_ptr = busy.data_ptr()
+    s.synchronize()
+    assert torch.equal(dev.cpu(), expected)  # the copy read what was there
+    del busy
+    assert torch.ones(1000).pin_memory().data_ptr() in (ptr, busy_ptr)  # both free again
 
 
 def test_memory_stats_has_cudas_keys(dev):

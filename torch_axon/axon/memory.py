@@ -227,10 +227,13 @@ def get_per_process_memory_fraction(device=None) -> float:
 def host_memory_stats_as_nested_dict() -> dict[str, Any]:
     """Pinned host memory statistics, nested (torch.cuda.host_memory_stats_as_nested_dict).
 
-    Axon does not cache pinned buffers: each pinned allocation is one runtime
-    host allocation, so ``active_*`` equal ``allocations``/``allocated_bytes``
-    and ``num_host_alloc``/``num_host_free`` count the allocations and frees.
-    CUDA's ``host_alloc_time``/``host_free_time`` are not measured."""
+    Pinned buffers are cached as CUDA's: sizes round up to a power of two, a
+    freed buffer is kept and reused once no queued copy uses it.
+    ``allocations``/``allocated_bytes`` count the buffers owned (in use and
+    cached), ``active_*`` those in use, ``num_host_alloc``/``num_host_free`` the
+    runtime allocations and frees (``torch.accelerator.empty_host_cache()``
+    frees the cached ones).  CUDA's ``host_alloc_time``/``host_free_time`` are
+    not measured."""
     return _C._host_memory_stats()
 
 

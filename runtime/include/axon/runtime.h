@@ -240,6 +240,9 @@ void* map_process_memory(int pid, int fd, size_t size, uint64_t inode, int* loca
 void* host_alloc(size_t bytes);
 void host_free(void* ptr);
 bool is_host_pinned(const void* ptr) noexcept;
+// Whether a copy that uses the pinned buffer at ptr is queued or running (a
+// cache of pinned buffers reuses one only when not).  False for other memory.
+bool host_in_use(const void* ptr);
 
 // ---------------------------------------------------------------- streams
 
