@@ -31,12 +31,14 @@ std::string unique_name() {
   return "axon-comm-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
 }
 
+// This process's test segments (CTest runs other test processes alongside).
 std::set<std::string> shm_entries() {
   std::set<std::string> out;
+  const std::string mine = "axon-comm-test-" + std::to_string(getpid()) + "-";
   if (DIR* d = opendir("/dev/shm")) {
     while (dirent* e = readdir(d)) {
       std::string n = e->d_name;
-      if (n.rfind("axon-comm-test-", 0) == 0) out.insert(n);
+      if (n.rfind(mine, 0) == 0) out.insert(n);
     }
     closedir(d);
   }
@@ -572,7 +574,10 @@ TEST(CommErrors, MissingRankTimesOutNamingIt) {
   Config c = small_config();
   c.timeout = std::chrono::milliseconds(300);
   run_group(3, c, [&](ShmGroup& g) {
-    if (g.rank() == 2) return;  // never arrives
+    if (g.rank() == 2) {  // never arrives (and stays in the group past the timeout)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return;
+    }
     float x = 1;
     auto start = std::chrono::steady_clock::now();
     try {
@@ -599,10 +604,8 @@ TEST(CommErrors, DeadRankIsReportedBeforeTheTimeout) {
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    {
-      ShmGroup peer(name, 1, 2, c);
-      peer.attach_all();
-    }
+    auto* peer = new ShmGroup(name, 1, 2, c);  // never destroyed: the process dies
+    peer->attach_all();
     _exit(0);  // dies without joining the collective
   }
   g.attach_all();
@@ -621,6 +624,30 @@ TEST(CommErrors, DeadRankIsReportedBeforeTheTimeout) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   // The name was unlinked once both ranks attached: nothing left in /dev/shm.
   EXPECT_EQ(shm_entries(), before);
+}
+
+TEST(CommErrors, RankThatDestroyedTheGroupIsReportedAtOnce) {
+  // Rank 1 makes one call fewer and destroys its group (destroy_process_group)
+  // while its process lives on: rank 0's extra call fails at once, naming the
+  // mismatch, instead of waiting out the timeout.
+  Config c = small_config();
+  c.timeout = std::chrono::milliseconds(60000);
+  run_group(2, c, [&](ShmGroup& g) {
+    float x = 1;
+    g.all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum);
+    if (g.rank() == 1) return;
+    auto start = std::chrono::steady_clock::now();
+    try {
+      g.all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum);
+      FAIL() << "no error";
+    } catch (const CommError& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("rank 1 destroyed the group after 1 collective call(s)"),
+                std::string::npos) << m;
+      EXPECT_NE(m.find("different numbers of calls"), std::string::npos) << m;
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  });
 }
 
 TEST(CommErrors, NoSegmentLeftAfterGroups) {

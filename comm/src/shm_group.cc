@@ -106,6 +106,9 @@ struct ShmGroup::Header {
 struct ShmGroup::RankCtl {
   alignas(kAlign) std::atomic<uint64_t> phase;  // 3 * step + k
   std::atomic<uint32_t> attached;
+  // 0 while the rank is in the group; 1 + its call count once it destroyed
+  // its ShmGroup (a peer still waiting for it then fails at once).
+  std::atomic<uint64_t> left;
   int32_t pid;
   // This step's buffer for the shared all_reduce (written before phase 1).
   int32_t sh_fd;
@@ -224,6 +227,10 @@ ShmGroup::ShmGroup(const std::string& name, int rank, int size, const Config& co
 }
 
 ShmGroup::~ShmGroup() {
+  if (ctl_ != nullptr && header_ != nullptr) {
+    ctl_[rank_].left.store(calls_ + 1, std::memory_order_release);
+    ring();
+  }
   for (auto& [key, m] : peer_maps_) {
     munmap(m.addr, m.size);
     close(m.fd);
@@ -320,7 +327,17 @@ void ShmGroup::wait_for(Ready&& ready, const char* op,
     if (now >= next_check) {
       next_check = now + std::chrono::milliseconds(100);
       for (int r : waiting_for()) {
-        if (r != rank_ && !peer_alive(r)) {
+        if (r == rank_) continue;
+        if (const uint64_t left = ctl_[r].left.load(std::memory_order_acquire); left != 0) {
+          fail(std::string("axon process group: ") + op + " failed on rank " +
+               std::to_string(rank_) + ": rank " + std::to_string(r) +
+               " destroyed the group after " + std::to_string(left - 1) +
+               " collective call(s) while this rank waited for it " + what + " in its call " +
+               std::to_string(calls_) +
+               " (the ranks made different numbers of calls: a rank that made fewer may have "
+               "paired its calls with other calls of its peers)");
+        }
+        if (!peer_alive(r)) {
           fail(std::string("axon process group: ") + op + " failed on rank " +
                std::to_string(rank_) + ": rank " + std::to_string(r) + " (pid " +
                std::to_string(ctl_[r].pid) + ") exited while this rank waited for it " + what);

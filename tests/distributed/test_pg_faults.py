@@ -386,6 +386,36 @@ def test_stopped_rank_times_out():
     assert "rank 0 failed" in err and "timed out" in err, err
 
 
+def _one_call_fewer(rank, world):
+    dist.init_process_group("axon", timeout=datetime.timedelta(seconds=60))
+    dev = torch.device("axon", rank)
+    t = torch.ones(16, device=dev)
+    dist.all_reduce(t)
+    if rank == 1:  # one call fewer: destroys its group and lives on
+        dist.destroy_process_group()
+        time.sleep(3)
+        return None, "left", 0.0
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        torch.axon.synchronize()
+        err, etype = "no error", None
+    except Exception as e:  # noqa: BLE001
+        err, etype = str(e), type(e).__name__
+    return etype, err, time.monotonic() - t0
+
+
+def test_rank_that_destroyed_the_group_fails_its_peers_call_at_once():
+    """A rank that makes fewer calls and destroys the group while its process
+    lives on: the peer's extra call fails within the liveness check's period,
+    naming the mismatch, instead of waiting out the 60 s timeout."""
+    etype, err, elapsed = run_ranks(_one_call_fewer, 2, timeout=90)[0]
+    assert etype == "DistBackendError", (etype, err)
+    assert "rank 1 destroyed the group after 1 collective call(s)" in err, err
+    assert "different numbers of calls" in err, err
+    assert elapsed < 10, elapsed
+
+
 # ---------------------------------------------------------------- host memory
 
 def _axon_memfd_rss() -> int:

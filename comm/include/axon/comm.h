@@ -30,8 +30,9 @@
 // Waits spin briefly, then yield, then sleep on a futex in the segment: on
 // machines with fewer cores than ranks a spinning rank would steal the core
 // its peer needs.  A wait that passes the timeout, or whose peer process has
-// exited, throws CommError naming the operation and the missing ranks; the
-// group is then broken and every later call throws at once.
+// exited or destroyed its ShmGroup (a rank that made fewer calls), throws
+// CommError naming the operation and the missing ranks; the group is then
+// broken and every later call throws at once.
 #pragma once
 
 #include <chrono>
