@@ -141,6 +141,8 @@ def test_event_is_torch_event():
         assert e1.device == torch.device("axon:1")
     with pytest.raises(NotImplementedError):
         torch.axon.Event(interprocess=True)
+    with pytest.raises(NotImplementedError, match="cannot be external"):
+        torch.axon.Event(enable_timing=True, external=True)  # torch.cuda.Event's keyword
 
 
 def test_event_record_query_synchronize():

@@ -54,9 +54,13 @@ class Event(metaclass=_EventType):
     """
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False,
-                interprocess: bool = False):
+                interprocess: bool = False, external: bool = False):
         if interprocess:
             raise NotImplementedError("axon events cannot be shared between processes")
+        if external:
+            raise NotImplementedError(
+                "axon events cannot be external (recorded into a graph capture as an event "
+                "node, as CUDA's external=True); record them outside the capture")
         return torch.Event(device=torch.device("axon", current_device()),
                            enable_timing=enable_timing, blocking=blocking)
 
