@@ -278,7 +278,7 @@ void StreamState::throw_pending_error() {
   uint64_t dropped = 0;
   {
     std::lock_guard lk(mu_);
-    if (failures_.empty()) return;
+    if (failures_.empty() && dropped_failures_ == 0) return;
     failures.swap(failures_);
     std::swap(dropped, dropped_failures_);
     // Under the lock: a wait task inheriting on the worker meanwhile must see them
