@@ -350,6 +350,18 @@ def test_collective_refuses_inputs_from_failed_work(n, async_op):
     assert "rank 0 failed" in results[1][0][1] and "out of bounds" in results[1][0][1]
 
 
+def _timed_all_reduce(t):
+    """(exception type name or None, message, seconds) of an all_reduce of t."""
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        torch.axon.synchronize()
+        err, etype = "no error", None
+    except Exception as e:  # noqa: BLE001
+        err, etype = str(e), type(e).__name__
+    return etype, err, time.monotonic() - t0
+
+
 def _stopped(rank, world):
     dist.init_process_group("axon", timeout=datetime.timedelta(seconds=10))
     dev = torch.device("axon", rank)
@@ -361,14 +373,7 @@ def _stopped(rank, world):
         time.sleep(0.3)  # rank 0 stops this process meanwhile, and continues it later
     else:
         os.kill(pids[1], signal.SIGSTOP)
-    t0 = time.monotonic()
-    try:
-        dist.all_reduce(t)
-        torch.axon.synchronize()
-        err, etype = "no error", None
-    except Exception as e:  # noqa: BLE001
-        err, etype = str(e), type(e).__name__
-    elapsed = time.monotonic() - t0
+    etype, err, elapsed = _timed_all_reduce(t)
     if rank == 0:
         os.kill(pids[1], signal.SIGCONT)
     return etype, err, elapsed
@@ -395,14 +400,7 @@ def _one_call_fewer(rank, world):
         dist.destroy_process_group()
         time.sleep(3)
         return None, "left", 0.0
-    t0 = time.monotonic()
-    try:
-        dist.all_reduce(t)
-        torch.axon.synchronize()
-        err, etype = "no error", None
-    except Exception as e:  # noqa: BLE001
-        err, etype = str(e), type(e).__name__
-    return etype, err, time.monotonic() - t0
+    return _timed_all_reduce(t)
 
 
 def test_rank_that_destroyed_the_group_fails_its_peers_call_at_once():

@@ -371,7 +371,7 @@ void checkBmmDtype(const at::Tensor& b1, const at::Tensor& b2, c10::ScalarType o
 }
 
 at::Tensor& axon_mm_dtype_out(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype,
-                         at::Tensor& out) {
+                              at::Tensor& out) {
   opDevice("aten::mm.dtype_out", a, {&b, &out});
   checkMmDtype(a, b, out_dtype);
   checkOutTensorDtype(out_dtype, out);
@@ -385,7 +385,7 @@ at::Tensor axon_mm_dtype(const at::Tensor& a, const at::Tensor& b, c10::ScalarTy
 }
 
 at::Tensor& axon_bmm_dtype_out(const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype,
-                          at::Tensor& out) {
+                               at::Tensor& out) {
   opDevice("aten::bmm.dtype_out", a, {&b, &out});
   checkBmmDtype(a, b, out_dtype, nullptr);
   checkOutTensorDtype(out_dtype, out);
@@ -412,32 +412,34 @@ void checkAddmmDtype(const at::Tensor& self, const at::Tensor& a, const at::Tens
 }
 
 at::Tensor& axon_addmm_dtype_out(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
-                            c10::ScalarType out_dtype, const at::Scalar& beta,
-                            const at::Scalar& alpha, at::Tensor& out) {
+                                 c10::ScalarType out_dtype, const at::Scalar& beta,
+                                 const at::Scalar& alpha, at::Tensor& out) {
   opDevice("aten::addmm.dtype_out", a, {&b, &self, &out});
   checkAddmmDtype(self, a, b, out_dtype);
   checkOutTensorDtype(out_dtype, out);
   return at::addmm_out(out, self.to(out_dtype), a.to(out_dtype), b.to(out_dtype), beta, alpha);
 }
 
-at::Tensor axon_addmm_dtype(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
-                       c10::ScalarType out_dtype, const at::Scalar& beta, const at::Scalar& alpha) {
+at::Tensor axon_addmm_dtype(
+    const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, c10::ScalarType out_dtype,
+    const at::Scalar& beta, const at::Scalar& alpha) {
   opDevice("aten::addmm.dtype", a, {&b, &self});
   checkAddmmDtype(self, a, b, out_dtype);
   return at::addmm(self.to(out_dtype), a.to(out_dtype), b.to(out_dtype), beta, alpha);
 }
 
-at::Tensor& axon_baddbmm_dtype_out(const at::Tensor& self, const at::Tensor& b1, const at::Tensor& b2,
-                              c10::ScalarType out_dtype, const at::Scalar& beta,
-                              const at::Scalar& alpha, at::Tensor& out) {
+at::Tensor& axon_baddbmm_dtype_out(
+    const at::Tensor& self, const at::Tensor& b1, const at::Tensor& b2, c10::ScalarType out_dtype,
+    const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
   opDevice("aten::baddbmm.dtype_out", b1, {&b2, &self, &out});
   checkBmmDtype(b1, b2, out_dtype, &self);
   checkOutTensorDtype(out_dtype, out);
   return at::baddbmm_out(out, self.to(out_dtype), b1.to(out_dtype), b2.to(out_dtype), beta, alpha);
 }
 
-at::Tensor axon_baddbmm_dtype(const at::Tensor& self, const at::Tensor& b1, const at::Tensor& b2,
-                         c10::ScalarType out_dtype, const at::Scalar& beta, const at::Scalar& alpha) {
+at::Tensor axon_baddbmm_dtype(
+    const at::Tensor& self, const at::Tensor& b1, const at::Tensor& b2, c10::ScalarType out_dtype,
+    const at::Scalar& beta, const at::Scalar& alpha) {
   opDevice("aten::baddbmm.dtype", b1, {&b2, &self});
   checkBmmDtype(b1, b2, out_dtype, &self);
   return at::baddbmm(self.to(out_dtype), b1.to(out_dtype), b2.to(out_dtype), beta, alpha);

@@ -631,6 +631,18 @@ void checkStats(const char* op, const at::Tensor& input, const at::Tensor& mean,
               "] (one per channel of the input), got ", mean.sizes(), " and ", invstd.sizes());
 }
 
+// The backward ops' arguments, as CUDA's checks them (and the shapes).
+void checkBackwardArgs(const char* op, const at::Tensor& grad_out, const at::Tensor& input,
+                       const at::Tensor& mean, const at::Tensor& invstd) {
+  checkChannels(op, input);
+  checkFloating(op, grad_out);
+  TORCH_CHECK(mean.scalar_type() == invstd.scalar_type(),
+              "mean and invstd need to have the same data types");
+  TORCH_CHECK(grad_out.sizes() == input.sizes(), op, ": grad_out of shape ", grad_out.sizes(),
+              " does not match the input's ", input.sizes());
+  checkStats(op, input, mean, invstd);
+}
+
 std::vector<int64_t> nonChannelDims(const at::Tensor& t) {
   std::vector<int64_t> dims{0};
   for (int64_t d = 2; d < t.dim(); ++d) dims.push_back(d);
@@ -707,10 +719,10 @@ std::tuple<at::Tensor, at::Tensor> sync_batch_norm_gather_stats(
                                              momentum, eps, counts);
 }
 
-at::Tensor& sync_batch_norm_elemt_out(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                                 const std::optional<at::Tensor>& bias, const at::Tensor& mean,
-                                 const at::Tensor& invstd, double /*eps: CUDA's ignores it*/,
-                                 at::Tensor& out) {
+at::Tensor& sync_batch_norm_elemt_out(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& invstd,
+    double /*eps: CUDA's ignores it*/, at::Tensor& out) {
   const char* op = "batch_norm_elemt";
   const c10::DeviceIndex device = opDevice(op, input, {&mean, &invstd, &out});
   checkSameDevice(op, device, weight);
@@ -730,8 +742,8 @@ at::Tensor& sync_batch_norm_elemt_out(const at::Tensor& input, const std::option
 }
 
 at::Tensor sync_batch_norm_elemt(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                            const std::optional<at::Tensor>& bias, const at::Tensor& mean,
-                            const at::Tensor& invstd, double eps) {
+                                 const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                 const at::Tensor& invstd, double eps) {
   at::Tensor out = at::empty_like(input, input.suggest_memory_format());
   return sync_batch_norm_elemt_out(input, weight, bias, mean, invstd, eps, out);
 }
@@ -743,13 +755,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sync_batch_norm_backw
   const char* op = "batch_norm_backward_reduce";
   const c10::DeviceIndex device = opDevice(op, grad_out, {&input, &mean, &invstd});
   checkSameDevice(op, device, weight_opt);
-  checkChannels(op, input);
-  checkFloating(op, grad_out);
-  TORCH_CHECK(mean.scalar_type() == invstd.scalar_type(),
-              "mean and invstd need to have the same data types");
-  TORCH_CHECK(grad_out.sizes() == input.sizes(), op, ": grad_out of shape ", grad_out.sizes(),
-              " does not match the input's ", input.sizes());
-  checkStats(op, input, mean, invstd);
+  checkBackwardArgs(op, grad_out, input, mean, invstd);
   const at::Tensor weight = weight_opt.value_or(at::Tensor());
   const c10::ScalarType acc = statsType(mean.scalar_type());
   const std::vector<int64_t> dims = nonChannelDims(input);
@@ -768,21 +774,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sync_batch_norm_backw
 }
 
 at::Tensor sync_batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tensor& input,
-                                     const at::Tensor& mean, const at::Tensor& invstd,
-                                     const std::optional<at::Tensor>& weight,
-                                     const at::Tensor& sum_dy, const at::Tensor& sum_dy_xmu,
-                                     const at::Tensor& count) {
+                                          const at::Tensor& mean, const at::Tensor& invstd,
+                                          const std::optional<at::Tensor>& weight,
+                                          const at::Tensor& sum_dy, const at::Tensor& sum_dy_xmu,
+                                          const at::Tensor& count) {
   const char* op = "batch_norm_backward_elemt";
   const c10::DeviceIndex device =
       opDevice(op, grad_out, {&input, &mean, &invstd, &sum_dy, &sum_dy_xmu, &count});
   checkSameDevice(op, device, weight);
-  checkChannels(op, input);
-  checkFloating(op, grad_out);
-  TORCH_CHECK(mean.scalar_type() == invstd.scalar_type(),
-              "mean and invstd need to have the same data types");
-  TORCH_CHECK(grad_out.sizes() == input.sizes(), op, ": grad_out of shape ", grad_out.sizes(),
-              " does not match the input's ", input.sizes());
-  checkStats(op, input, mean, invstd);
+  checkBackwardArgs(op, grad_out, input, mean, invstd);
   const c10::ScalarType acc = statsType(mean.scalar_type());
   // The reduction size over every rank: the sum of the ranks' counts.
   const at::Tensor norm = count.to(acc).sum().reciprocal();
