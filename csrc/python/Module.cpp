@@ -5,6 +5,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "../core/StreamWork.h"
@@ -92,6 +93,12 @@ PYBIND11_MODULE(_C, m) {
   fusion::install();
   m.def("_device_count", [] { return static_cast<int>(device_count()); });
   m.def("_devices_initialized", [] { return ::axon::rt::devices_initialized(); });
+  // torch's own "device initialised" flag (what device_lazy_init sets after
+  // torch.axon._lazy_init), for set-ups that did not come through it
+  // (torch.axon.init()); torch.accelerator.empty_host_cache() checks it.
+  m.def("_mark_torch_device_initialized", [] {
+    torch::utils::set_requires_device_init(c10::DeviceType::PrivateUse1, false);
+  });
   m.def("_current_device", [] { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int d) { set_device(static_cast<c10::DeviceIndex>(d)); });
   m.def("_synchronize", [](int d) {

@@ -481,3 +481,20 @@ def test_samplers_draw_new_numbers_each_graph_replay_as_eager():
     for got, want in zip(replays, eager):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert not torch.equal(replays[0][0], replays[1][0])
+
+
+def test_binomial_broadcasts_as_the_cpu():
+    """count (3, 1) and prob (1, 4): the CPU's result is (3, 4), with resize_output's
+    deprecation warning; so is axon's, with the samples' moments."""
+    import warnings
+
+    shapes = {}
+    for d in ("cpu", "axon"):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            r = torch.binomial(torch.full((3, 1), 10.0, device=d), torch.full((1, 4), 0.3, device=d))
+        shapes[d] = (tuple(r.shape), sum("was resized" in str(x.message) for x in w))
+    assert shapes["axon"] == shapes["cpu"] == ((3, 4), 1)
+    torch.manual_seed(2)
+    big = torch.binomial(torch.full((N, 1), 10.0, device="axon"), torch.full((1, 2), 0.3, device="axon"))
+    assert abs(big.cpu().double().mean().item() - 3.0) < Z * math.sqrt(2.1) / math.sqrt(2 * N)

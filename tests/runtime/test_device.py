@@ -186,6 +186,21 @@ def test_devices_initialise_lazily_so_variables_set_after_import_apply():
     assert r.stdout.split() == ["False", "True", "2", "2", "2", "True"], r.stdout
 
 
+def test_init_marks_torch_device_initialized():
+    """torch.axon.init() (not only a first tensor) sets torch's own flag too:
+    torch.accelerator.empty_host_cache() is a no-op before it, as for CUDA."""
+    r = run_python("""
+        import torch
+        torch.axon.init()
+        a = torch.empty(1000, pin_memory=True)
+        del a
+        torch.accelerator.empty_host_cache()
+        print(torch.axon.is_initialized(), torch.axon.host_memory_stats()["allocations.current"])
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "0"], r.stdout
+
+
 @pytest.mark.parametrize("value", ["", "-1"])
 def test_visible_devices_blank_or_negative_hides_every_device(value):
     r = run_python("""

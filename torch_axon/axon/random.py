@@ -34,6 +34,7 @@ def _generators() -> tuple[torch.Generator, ...]:
         _pending_seed_all = None
         _pending_seeds.clear()
         _default_generators = gens
+        _C._mark_torch_device_initialized()
     return _default_generators
 
 

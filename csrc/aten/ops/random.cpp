@@ -8,6 +8,8 @@
 //     launch);
 //   generic stream kernel: the rest (a CPU generator derived from the axon
 //     generator's counter).
+#include <ATen/ExpandUtils.h>
+#include <ATen/native/Resize.h>
 #include <ATen/ops/_dirichlet_grad.h>
 #include <ATen/ops/_sample_dirichlet.h>
 #include <ATen/ops/_standard_gamma.h>
@@ -105,10 +107,15 @@ at::Tensor poisson(const at::Tensor& rates, std::optional<at::Generator> gen) {
 at::Tensor binomial(const at::Tensor& count, const at::Tensor& prob,
                     std::optional<at::Generator> gen) {
   const auto device = opDevice("binomial", count, {&prob});
-  return sampleLike("aten::binomial", count, count.scalar_type(), gen, device,
+  // The CPU's result has count's shape, resized (with resize_output's
+  // deprecation warning) to the broadcast of count and prob.
+  const std::vector<int64_t> shape = at::infer_size(count.sizes(), prob.sizes());
+  at::Tensor like = emptyDevice(count.sizes(), count.scalar_type(), device);
+  at::native::resize_output(like, shape);  // the warning, when the shapes differ
+  return sampleLike("aten::binomial", like, count.scalar_type(), gen, device,
                     [](const at::Tensor& c, const at::Tensor& p, const at::Generator& g) {
                       return at::binomial(c, p, g);
-                    }, count, prob);
+                    }, count.expand(shape), prob.expand(shape));
 }
 
 at::Tensor standard_gamma(const at::Tensor& alpha, std::optional<at::Generator> gen) {
