@@ -111,14 +111,6 @@ std::pair<uint64_t, uint64_t> AxonGeneratorImpl::reserve(uint64_t increment) {
   return {seed_, first};
 }
 
-std::pair<uint64_t, uint64_t> AxonGeneratorImpl::reserveEndingAt(uint64_t increment,
-                                                                 uint64_t end) {
-  (void)increment;  // the range [first, first + increment) is this replay's
-  const uint64_t first = offset_;
-  offset_ = first + end;
-  return {seed_, first};
-}
-
 c10::DeviceType AxonGeneratorImpl::device_type() { return kAxon; }
 
 AxonGeneratorImpl* AxonGeneratorImpl::clone_impl() const {
@@ -216,7 +208,6 @@ void GraphRng::add(Entry e) {
   Counter& c = counterLocked(e.axon.unsafeGetGeneratorImpl());
   e.relative = c.cursor;
   c.cursor += e.increment;
-  c.extent = std::max(c.extent, c.cursor);
   entries_.push_back(std::move(e));
 }
 
@@ -229,7 +220,6 @@ void GraphRng::moveTo(const c10::GeneratorImpl* gen, uint64_t position) {
   std::lock_guard<std::mutex> lock(mu_);
   Counter& c = counterLocked(gen);
   c.cursor = position;
-  c.extent = std::max(c.extent, position);
 }
 
 at::Generator GraphRng::cpuGenerator(const at::Generator& axon_gen) {
@@ -256,8 +246,7 @@ std::function<void()> GraphRng::prepareReplay() {
   // the capture took from it: its range for this replay.
   struct Range {
     at::Generator gen;
-    uint64_t count = 0;  // counter values the capture took
-    uint64_t end = 0;    // where it stood at the end
+    uint64_t count = 0;  // counter values the capture took (its final position)
     std::pair<uint64_t, uint64_t> first;  // (seed, offset)
   };
   std::vector<Range> ranges;
@@ -265,15 +254,13 @@ std::function<void()> GraphRng::prepareReplay() {
     auto it = std::find_if(ranges.begin(), ranges.end(),
                            [&](const Range& r) { return r.gen == e.axon; });
     if (it == ranges.end()) {
-      it = ranges.insert(ranges.end(), Range{e.axon, 0, 0, {0, 0}});
-      const Counter& c = counterLocked(e.axon.unsafeGetGeneratorImpl());
-      it->count = c.extent;
-      it->end = c.cursor;
+      it = ranges.insert(ranges.end(), Range{e.axon, 0, {0, 0}});
+      it->count = counterLocked(e.axon.unsafeGetGeneratorImpl()).cursor;
     }
   }
   for (Range& r : ranges) {
     std::lock_guard<std::mutex> glock(r.gen.mutex());
-    r.first = r.gen.get<AxonGeneratorImpl>()->reserveEndingAt(r.count, r.end);
+    r.first = r.gen.get<AxonGeneratorImpl>()->reserve(r.count);
   }
   std::vector<std::pair<at::Generator, uint64_t>> seeds;
   std::vector<std::pair<std::shared_ptr<RawRngSlot>, RawRngSlot>> slots;

@@ -30,10 +30,6 @@ class AxonGeneratorImpl : public c10::GeneratorImpl {
 
   // Reserves `increment` counter values; returns (seed, first offset).
   std::pair<uint64_t, uint64_t> reserve(uint64_t increment);
-  // A graph replay's range: `increment` values from the current offset, after
-  // which the offset is first + `end` (a capture that moved its position back
-  // ends where it stood last, as the same calls eagerly).
-  std::pair<uint64_t, uint64_t> reserveEndingAt(uint64_t increment, uint64_t end);
 
   static c10::DeviceType device_type();
 
@@ -104,8 +100,10 @@ class GraphRng {
   void add(Entry e);
   struct Counter {
     const c10::GeneratorImpl* gen;
-    uint64_t cursor = 0;  // the next relative counter value (where the capture ends)
-    uint64_t extent = 0;  // the most the capture took (a replay reserves this many)
+    // The next relative counter value.  A replay reserves the capture's final
+    // position: a capture that moved back ends where it stood last, and the
+    // next draws reuse the values past it, as the same calls eagerly.
+    uint64_t cursor = 0;
   };
   Counter& counterLocked(const c10::GeneratorImpl* gen);
   std::mutex mu_;

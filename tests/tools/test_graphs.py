@@ -621,6 +621,22 @@ def test_rng_state_restored_inside_a_capture_replays_as_eager():
     for got, want in zip(replayed, eager):
         assert torch.equal(got, want)
     assert torch.equal(after_replay, torch.axon.get_rng_state())
+    # a capture that ends right after moving back leaves the generator there, as eager
+    def rewinds():
+        st = torch.axon.get_rng_state()
+        x = torch.randn(5, device=DEV)
+        torch.axon.set_rng_state(st)
+        return x
+
+    g2 = torch.axon.AxonGraph()
+    with torch.axon.graph(g2):
+        x = rewinds()
+    torch.axon.manual_seed(6)
+    g2.replay()
+    after, first = torch.axon.get_rng_state(), x.cpu().clone()
+    torch.axon.manual_seed(6)
+    assert torch.equal(rewinds().cpu(), first)
+    assert torch.equal(torch.axon.get_rng_state(), after)
     # a state from outside the capture (another seed) cannot be set in it
     other = torch.Generator("axon").manual_seed(123).get_state()
     with torch.axon.graph(torch.axon.AxonGraph()):
