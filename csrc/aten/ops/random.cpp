@@ -82,10 +82,9 @@ at::Tensor multinomial(const at::Tensor& self, int64_t n, bool replacement,
 // run asynchronously and can be captured in a graph.  Results are laid out as
 // the CPU's (contiguous, the first input's sizes).
 template <typename Fn>
-at::Tensor sampleLike(const char* name, const at::Tensor& like, c10::ScalarType dtype,
-                      const std::optional<at::Generator>& gen, c10::DeviceIndex device, Fn fn,
-                      const at::Tensor& a, const at::Tensor& b = at::Tensor()) {
-  at::Tensor out = emptyDevice(like.sizes(), dtype, device);
+at::Tensor sampleInto(const char* name, at::Tensor out, const std::optional<at::Generator>& gen,
+                      c10::DeviceIndex device, Fn fn, const at::Tensor& a,
+                      const at::Tensor& b = at::Tensor()) {
   if (out.numel() == 0) return out;
   at::Generator cpu_gen = cpuGeneratorFor(gen, device);
   launchCpuKernel(device, name,
@@ -96,12 +95,28 @@ at::Tensor sampleLike(const char* name, const at::Tensor& like, c10::ScalarType 
   return out;
 }
 
+// A sampler of one tensor argument (its result has the argument's shape).
+template <at::Tensor (*Sample)(const at::Tensor&, std::optional<at::Generator>)>
+at::Tensor sampleOne(const char* op, const char* name, const at::Tensor& x,
+                     std::optional<at::Generator> gen) {
+  const auto device = opDevice(op, x);
+  return sampleInto(name, emptyDevice(x.sizes(), x.scalar_type(), device), gen, device,
+                    [](const at::Tensor& a, const at::Tensor&, const at::Generator& g) {
+                      return Sample(a, g);
+                    }, x);
+}
+
 at::Tensor poisson(const at::Tensor& rates, std::optional<at::Generator> gen) {
-  const auto device = opDevice("poisson", rates);
-  return sampleLike("aten::poisson", rates, rates.scalar_type(), gen, device,
-                    [](const at::Tensor& r, const at::Tensor&, const at::Generator& g) {
-                      return at::poisson(r, g);
-                    }, rates);
+  return sampleOne<&at::poisson>("poisson", "aten::poisson", rates, gen);
+}
+
+at::Tensor standard_gamma(const at::Tensor& alpha, std::optional<at::Generator> gen) {
+  return sampleOne<&at::_standard_gamma>("_standard_gamma", "aten::_standard_gamma", alpha, gen);
+}
+
+at::Tensor sample_dirichlet(const at::Tensor& alpha, std::optional<at::Generator> gen) {
+  return sampleOne<&at::_sample_dirichlet>("_sample_dirichlet", "aten::_sample_dirichlet", alpha,
+                                           gen);
 }
 
 at::Tensor binomial(const at::Tensor& count, const at::Tensor& prob,
@@ -110,28 +125,12 @@ at::Tensor binomial(const at::Tensor& count, const at::Tensor& prob,
   // The CPU's result has count's shape, resized (with resize_output's
   // deprecation warning) to the broadcast of count and prob.
   const std::vector<int64_t> shape = at::infer_size(count.sizes(), prob.sizes());
-  at::Tensor like = emptyDevice(count.sizes(), count.scalar_type(), device);
-  at::native::resize_output(like, shape);  // the warning, when the shapes differ
-  return sampleLike("aten::binomial", like, count.scalar_type(), gen, device,
+  at::Tensor out = emptyDevice(count.sizes(), count.scalar_type(), device);
+  at::native::resize_output(out, shape);  // the warning, when the shapes differ
+  return sampleInto("aten::binomial", out, gen, device,
                     [](const at::Tensor& c, const at::Tensor& p, const at::Generator& g) {
                       return at::binomial(c, p, g);
                     }, count.expand(shape), prob.expand(shape));
-}
-
-at::Tensor standard_gamma(const at::Tensor& alpha, std::optional<at::Generator> gen) {
-  const auto device = opDevice("_standard_gamma", alpha);
-  return sampleLike("aten::_standard_gamma", alpha, alpha.scalar_type(), gen, device,
-                    [](const at::Tensor& a, const at::Tensor&, const at::Generator& g) {
-                      return at::_standard_gamma(a, g);
-                    }, alpha);
-}
-
-at::Tensor sample_dirichlet(const at::Tensor& alpha, std::optional<at::Generator> gen) {
-  const auto device = opDevice("_sample_dirichlet", alpha);
-  return sampleLike("aten::_sample_dirichlet", alpha, alpha.scalar_type(), gen, device,
-                    [](const at::Tensor& a, const at::Tensor&, const at::Generator& g) {
-                      return at::_sample_dirichlet(a, g);
-                    }, alpha);
 }
 
 // The samplers' gradients (deterministic; no generator).
