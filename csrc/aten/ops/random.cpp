@@ -74,13 +74,13 @@ at::Tensor multinomial(const at::Tensor& self, int64_t n, bool replacement,
   return out;
 }
 
-
 // Samplers without a Meta kernel or a stream kernel before (poisson, binomial,
 // the gamma and Dirichlet samplers and their gradients; torch.distributions'
 // Gamma, Beta, Dirichlet, Poisson, Binomial, StudentT): ATen's CPU kernel as
 // stream work with a CPU generator from the axon generator's counter, so they
 // run asynchronously and can be captured in a graph.  Results are laid out as
-// the CPU's (contiguous, the first input's sizes).
+// the CPU's: contiguous, of the first input's sizes (binomial: broadcast with
+// prob's).
 template <typename Fn>
 at::Tensor sampleInto(const char* name, at::Tensor out, const std::optional<at::Generator>& gen,
                       c10::DeviceIndex device, Fn fn, const at::Tensor& a,
