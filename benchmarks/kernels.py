@@ -6,7 +6,9 @@
 
 Kernels: F.linear of decoding's few rows (1 and 8 rows by 512 -> 1408, 1 row by 512 -> 32000,
 the lm_head) and of a training step's 2048 rows (512 -> 1408: the float32 GEMM), F.rms_norm (with weight), torch.softmax(dim=-1), F.scaled_dot_product_attention
-(causal prefill, and a q_len=1 decode step), forward and forward+backward; and one
+(causal prefill, and a q_len=1 decode step), F.dropout (training, p=0.1; its random
+numbers differ between the devices, so the check compares the fraction kept), forward
+and forward+backward; and one
 torch.optim.AdamW step over parameters shaped like the ~56M-parameter Llama of
 generate.py / train_step.py (fused=True, foreach=True, and the torch default, which is
 the per-tensor for-loop on cpu and foreach on axon).
@@ -54,6 +56,8 @@ class Case:
     unit: str = ""                    # "GB/s" or "GFLOP/s"
     amount: float = 0.0               # bytes or flops per call
     note: str = ""
+    # What the check compares (random kernels: a statistic of the outputs).
+    compare: Callable[[object], object] | None = None
     results: dict = field(default_factory=dict)
 
 
@@ -155,6 +159,18 @@ def build_cases(a) -> list[Case]:
             _fwd_or_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
                         [(dq, dt, False), (dkv, dt, False), (dkv, dt, False)], False, a.seed),
             "GB/s", (2 * math.prod(dkv) + 2 * math.prod(dq)) * esz))
+    d_shape = (a.batch, a.seq, a.dropout_dim)
+    for dt in dtypes:
+        for bwd in (False, True):
+            x_bytes = math.prod(d_shape) * (torch.finfo(dt).bits // 8)
+            numel = math.prod(d_shape)
+            cases.append(Case(
+                "dropout(p=0.1)", str(list(d_shape)), dt, "fwd+bwd" if bwd else "fwd",
+                _fwd_or_bwd(lambda x: F.dropout(x, 0.1, training=True), [(d_shape, dt, True)], bwd,
+                            a.seed),
+                # out and mask written; the backward reads grad and mask, writes grad
+                "GB/s", (2 * x_bytes + numel) + ((2 * x_bytes + numel) if bwd else 0),
+                compare=lambda out: torch.stack([(t != 0).double().mean() for t in _flat(out)])))
     shapes = C.llama_param_shapes(**adamw_dims(a))
     numel = sum(math.prod(s) for s in shapes)
     for mode in ("fused", "foreach", "default"):
@@ -209,7 +225,8 @@ def run_case(case: Case, a) -> None:
     # Fresh state for the check: the same first call on both devices.
     outs = {}
     for v in vs:
-        outs[v] = _with_mode(v, case.make(_device(v)))()
+        out = _with_mode(v, case.make(_device(v)))()
+        outs[v] = case.compare(out) if case.compare else out
         C.sync(_device(v))
     case.results["diff"] = max(rel_diff(outs[v], outs["cpu"]) for v in vs[1:])
     del outs
@@ -259,6 +276,8 @@ def main() -> None:
     p.add_argument("--head-dim", type=int, default=None, help="head dim (64; quick 32)")
     p.add_argument("--kv-len", type=int, default=None, help="kv length of the decode step (512; quick 128)")
     p.add_argument("--norm-dims", default=None, help="rms_norm widths (512,2048; quick 128,512)")
+    p.add_argument("--dropout-dim", type=int, default=None,
+                   help="last dim of the dropout input [batch, seq, dim] (768; quick 128)")
     p.add_argument("--linear", default=None,
                    help="F.linear shapes rows x in x out, comma-separated, '' for none "
                         "(1x512x1408,8x512x1408,1x512x32000; quick 1x64x96,4x64x128)")
@@ -271,7 +290,7 @@ def main() -> None:
     C.apply_malloc_reuse(a)
     C.resolve_defaults(a, dict(repeats=(2, 5), min_time=(0.01, 0.1), batch=(2, 8), seq=(64, 256),
                                heads=(4, 8), head_dim=(32, 64), kv_len=(128, 512),
-                               norm_dims=("128,512", "512,2048"),
+                               norm_dims=("128,512", "512,2048"), dropout_dim=(128, 768),
                                linear=("1x64x96,4x64x128,64x64x96",
                                        "1x512x1408,8x512x1408,1x512x32000,2048x512x1408")))
     a.norm_dims = [int(x) for x in str(a.norm_dims).split(",")]

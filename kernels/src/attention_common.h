@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "axon/kernels/attention.h"
+#include "counter_rng.h"
 #include "simd.h"
 
 namespace axon::kernels::attention {
@@ -221,21 +222,14 @@ AXON_INLINE void gemm_nt(int64_t M, int64_t N, int64_t K, const float* a, int64_
     for (int64_t n = 0; n < N; ++n) dot_rows<1>(K, a + m * lda, lda, b + n * ldb, c + m * ldc + n, ldc);
 }
 
-// Dropout: see attention_dropout_keep in attention.h.
-AXON_INLINE uint64_t splitmix64(uint64_t seed, uint64_t n) {
-  uint64_t z = seed + (n + 1) * 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
+// Dropout (attention_dropout_keep in attention.h; dropout.h states the rule).
 struct Dropout {
   Dropout(const AttentionParams& p)
       : enabled(p.dropout_p > 0),
         seed(p.seed),
         offset(p.offset),
-        threshold(uint64_t(std::llround(std::min(p.dropout_p, 1.0) * 16777216.0))),
-        scale(p.dropout_p < 1 ? float(1.0 / (1.0 - p.dropout_p)) : 0.0f) {}
+        threshold(dropout_threshold(p.dropout_p)),
+        scale(dropout_scale(p.dropout_p)) {}
 
   // Factor of weight `index`: 1 / (1 - p) if kept, 0 if dropped.
   AXON_INLINE float factor(uint64_t index) const {

@@ -382,6 +382,100 @@ def test_native_dropout_mask_matches_output(dtype, no_fallback):
     torch.testing.assert_close(xa.grad.cpu(), (mask * (1 / 0.7)).to(dtype), **tol(dtype))
 
 
+# Layouts of a dropout input: (shape to make, view applied on both devices).
+DROPOUT_LAYOUTS = {
+    "contiguous": ((37, 53), lambda t: t),
+    "transposed": ((53, 37), lambda t: t.t()),
+    "sliced": ((37, 106), lambda t: t[:, ::2]),
+    "channels_last": ((2, 5, 7, 9), lambda t: t.contiguous(memory_format=torch.channels_last)),
+    "expanded": ((37, 1), lambda t: t.expand(37, 53)),
+    "zero_size": ((0, 53), lambda t: t),
+}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + (torch.float64,))
+@pytest.mark.parametrize("layout", DROPOUT_LAYOUTS)
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 1.0])
+def test_native_dropout_equals_the_cpu_formula_with_its_mask(dtype, layout, p, no_fallback):
+    """Every layout and dtype, with NaN and inf inputs: the output is what the
+    CPU's native_dropout computes from the same mask (input * mask * scale,
+    so a dropped NaN or inf gives NaN), bit for bit, and the output and mask
+    have the layout torch.empty_like gives."""
+    shape, view = DROPOUT_LAYOUTS[layout]
+    base = make(shape, dtype, -4, 4, seed=5)
+    if base.numel() > 3:
+        base.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    x_cpu, x = view(base), view(base.axon())
+    torch.manual_seed(21)
+    out, mask = torch.native_dropout(x, p, True)
+    like = torch.empty_like(x_cpu)
+    assert out.shape == mask.shape == x_cpu.shape and mask.dtype == torch.bool
+    if layout not in ("sliced", "expanded"):  # dense: empty_like keeps the strides
+        assert out.stride() == mask.stride() == like.stride()
+    out, mask = out.cpu(), mask.cpu()
+    scale = 0.0 if p == 1 else 1 / (1 - p)
+    torch.testing.assert_close(out, x_cpu.mul(mask).mul_(scale), rtol=0, atol=0, equal_nan=True)
+    if p == 0:
+        assert mask.all()
+    elif p == 1:
+        assert not mask.any()
+    elif mask.numel() > 1000:
+        frac = mask.double().mean().item()
+        assert abs(frac - (1 - p)) < Z * math.sqrt(p * (1 - p) / mask.numel())
+    # The same seed draws the same; the next call draws anew.
+    torch.manual_seed(21)
+    again, mask_again = torch.native_dropout(x, p, True)
+    _, mask_next = torch.native_dropout(x, p, True)
+    assert torch.equal(mask_again.cpu(), mask)
+    if 0 < p < 1 and mask.numel() > 100:
+        assert not torch.equal(mask_next.cpu(), mask)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + (torch.float64,))
+@pytest.mark.parametrize("case", ["dense", "transposed", "expanded_grad", "channels_last",
+                                  "float_mask", "broadcast_mask", "zero_size"])
+def test_native_dropout_backward_equals_cpu(dtype, case, no_fallback):
+    """native_dropout_backward (grad * mask * scale) on any layout and mask
+    dtype: bitwise what the CPU computes, NaN and inf gradients included."""
+    shape = (0, 9) if case == "zero_size" else (2, 3, 5, 7) if case == "channels_last" else (33, 47)
+    grad = make(shape, dtype, -3, 3, seed=2)
+    if grad.numel():
+        grad.view(-1)[:2] = torch.tensor([float("nan"), float("inf")])
+    mask = make(shape, torch.bool, seed=3)
+    if case == "transposed":
+        grad, mask = grad.t(), mask.t()
+    elif case == "expanded_grad":
+        grad = grad[:1].expand(shape)
+    elif case == "channels_last":
+        grad = grad.contiguous(memory_format=torch.channels_last)
+        mask = mask.contiguous(memory_format=torch.channels_last)
+    elif case == "float_mask":
+        mask = mask.to(dtype)
+    elif case == "broadcast_mask":
+        mask = mask[:, :1]
+    scale = 1 / (1 - 0.3)
+    want = torch.ops.aten.native_dropout_backward(grad, mask, scale)
+    got = torch.ops.aten.native_dropout_backward(grad.axon(), mask.axon(), scale)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if case in ("dense", "transposed", "channels_last"):
+        assert got.stride() == want.stride()
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_dropout_masks_of_one_call_are_independent_across_elements_and_calls():
+    """The counter rule gives no visible structure: neighbouring elements and
+    successive calls are uncorrelated, and each position keeps at 1 - p."""
+    torch.manual_seed(0)
+    x = torch.ones(64, 1024, device="axon")
+    masks = torch.stack([torch.native_dropout(x, 0.5, True)[1].cpu() for _ in range(16)]).float()
+    n = masks.numel()
+    for a, b in ((masks[..., 1:], masks[..., :-1]), (masks[:, 1:], masks[:, :-1]),
+                 (masks[1:], masks[:-1])):
+        corr = torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1].item()
+        assert abs(corr) < Z / math.sqrt(a.numel()), corr
+    assert abs(masks.mean().item() - 0.5) < Z * 0.5 / math.sqrt(n)
+
+
 # name: (input shape, function of the input)
 NN = {
     "dropout_eval": ((3, 4), lambda x: F.dropout(x, 0.5, training=False)),

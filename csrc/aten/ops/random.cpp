@@ -2,7 +2,8 @@
 // multinomial, randperm, rrelu.  Numbers are reserved from the axon generator
 // at launch (core/AxonGenerator.h), so results depend on the seed and the
 // order of launches only.
-//   native stream kernels: native_dropout, multinomial (checks written out);
+//   native stream kernels: native_dropout and its backward (kernels/dropout.h),
+//     multinomial (checks written out);
 //     poisson, binomial, _standard_gamma, _sample_dirichlet and the gradients
 //     (ATen's CPU kernel on host views; its checks at a new signature's first
 //     launch);
@@ -17,17 +18,24 @@
 #include <ATen/ops/binomial.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/poisson.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/multinomial_cpu_dispatch.h>
 #include <torch/library.h>
 
+#include <axon/kernels/dropout.h>
+
 #include "../../core/AxonGenerator.h"
 #include "../CpuKernel.h"
+#include "../KernelSelect.h"
+#include "../Kernels.h"
 #include "../OpDevice.h"
 #include "../Registry.h"
 
 namespace at::axon {
 namespace {
+
+namespace k = ::axon::kernels;
 
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
                                                   std::optional<bool> train) {
@@ -41,17 +49,67 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
     mask.fill_(true);
     return {out, mask};
   }
-  at::Generator gen = cpuGeneratorFor(std::nullopt, device);
-  launchCpuKernel<HostChecks::kMeta>(device, "aten::native_dropout",
-                  [p, gen](const at::Tensor& in, at::Tensor& o, at::Tensor& m) {
-                    const double keep = 1 - p;
-                    at::Tensor noise = at::empty(in.sizes(), in.options()).bernoulli_(keep, gen);
-                    m.copy_(noise);
-                    at::mul_out(o, in, noise);
-                    if (keep > 0) o.mul_(1.0 / keep);
-                  },
-                  input, out, mask);
+  const std::optional<k::DType> dt = kernelDType(input.scalar_type());
+  if (!dt.has_value()) {  // float64: ATen's Bernoulli draws
+    at::Generator gen = cpuGeneratorFor(std::nullopt, device);
+    launchCpuKernel<HostChecks::kMeta>(device, "aten::native_dropout",
+                    [p, gen](const at::Tensor& in, at::Tensor& o, at::Tensor& m) {
+                      const double keep = 1 - p;
+                      at::Tensor noise = at::empty(in.sizes(), in.options()).bernoulli_(keep, gen);
+                      m.copy_(noise);
+                      at::mul_out(o, in, noise);
+                      if (keep > 0) o.mul_(1.0 / keep);
+                    },
+                    input, out, mask);
+    return {out, mask};
+  }
+  // Our kernel (kernels/dropout.h): element i of out's memory order is kept by
+  // the counter rule at the generator's offset + i, so a graph replay, a
+  // recomputation or any split over threads draws the same.  out and mask are
+  // dense with the same strides; an input that is not dense is copied into
+  // that layout first.
+  at::Tensor src = input;
+  if (!input.is_non_overlapping_and_dense()) {
+    src = emptyDeviceLike(input, input.scalar_type());
+    src.copy_(input);
+  }
+  TORCH_INTERNAL_ASSERT(src.strides() == out.strides() && mask.strides() == out.strides());
+  const RawRng rng = reserveRawRng(device, getDefaultAxonGenerator(device),
+                                   static_cast<uint64_t>(out.numel()));
+  kselect::launchWithThreadPolicy(
+      device, "aten::native_dropout", out.numel() * (2 * out.element_size() + 1), out.numel(),
+      [dt = *dt, n = out.numel(), x = src.const_data_ptr(), y = out.data_ptr(),
+       m = static_cast<uint8_t*>(mask.data_ptr()), p, seed = rng.seed, offset = rng.offset,
+       slot = rng.slot]() {
+        // In a graph capture: the counter range of this replay.
+        const uint64_t s = slot ? slot->seed : seed, o = slot ? slot->offset : offset;
+        k::dropout_forward(dt, n, x, y, m, s, o, p);
+      });
   return {out, mask};
+}
+
+// dy * mask * scale as ATen computes it (a mask of another dtype, other
+// shapes or layouts: that composition of axon ops); our kernel when grad and a
+// boolean mask are dense with the same strides, as autograd's are.
+at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor& mask, double scale) {
+  const auto device = opDevice("native_dropout_backward", grad, {&mask});
+  const std::optional<k::DType> dt = kernelDType(grad.scalar_type());
+  if (!dt.has_value() || mask.scalar_type() != at::kBool || grad.sizes() != mask.sizes() ||
+      !grad.is_non_overlapping_and_dense() || grad.strides() != mask.strides()) {
+    // operator* wraps scale as a number (opmath), as ATen's own; Tensor::mul_(Scalar)
+    // would round it to a 16-bit grad's dtype first.
+    return grad * mask * scale;
+  }
+  at::Tensor out = emptyDeviceLike(grad, grad.scalar_type());
+  if (out.numel() == 0) return out;
+  kselect::launchWithThreadPolicy(
+      device, "aten::native_dropout_backward", out.numel() * (2 * out.element_size() + 1),
+      out.numel(),
+      [dt = *dt, n = out.numel(), dy = grad.const_data_ptr(),
+       m = static_cast<const uint8_t*>(mask.const_data_ptr()), scale, dx = out.data_ptr()]() {
+        k::dropout_backward(dt, n, dy, m, scale, dx);
+      });
+  return out;
 }
 
 at::Tensor multinomial(const at::Tensor& self, int64_t n, bool replacement,
@@ -163,6 +221,7 @@ at::Tensor dirichlet_grad(const at::Tensor& x, const at::Tensor& alpha, const at
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   OpRegistrar reg(m, "random");
   reg.impl(Path::kNative, "native_dropout", native_dropout);
+  reg.impl(Path::kNative, "native_dropout_backward", TORCH_FN(native_dropout_backward));
   reg.impl(Path::kNative, "multinomial", multinomial);
   reg.impl(Path::kNative, "poisson", TORCH_FN(poisson));
   reg.impl(Path::kNative, "binomial", TORCH_FN(binomial));
@@ -171,7 +230,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   reg.impl(Path::kNative, "_standard_gamma_grad", TORCH_FN(standard_gamma_grad));
   reg.impl(Path::kNative, "_dirichlet_grad", TORCH_FN(dirichlet_grad));
   reg.generic({
-      "native_dropout_backward", "exponential_", "cauchy_", "log_normal_", "geometric_",
+      "exponential_", "cauchy_", "log_normal_", "geometric_",
       "rrelu_with_noise", "bernoulli_.float", "bernoulli_.Tensor", "bernoulli.out", "uniform_",
       "normal_", "normal.Tensor_float", "normal.float_Tensor", "normal.Tensor_Tensor",
       "random_", "random_.from", "random_.to", "randperm.generator_out"
