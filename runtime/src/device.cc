@@ -68,9 +68,9 @@ Device& device(int d) {
   check_device(d);
   if (g_bad_fork.load(std::memory_order_relaxed)) {
     throw Error(
-        "axon: cannot use an axon device in a forked subprocess: the device's "
-        "worker threads do not survive fork(). Use the 'spawn' start method "
-        "(torch.multiprocessing.set_start_method('spawn')).");
+        "Cannot re-initialize axon in forked subprocess. To use axon with "
+        "multiprocessing, you must use the 'spawn' start method (the device's "
+        "worker threads do not survive fork()).");
   }
   Registry& reg = registry();
   if (Device* dev = reg.slots[d].load(std::memory_order_acquire)) return *dev;

@@ -344,7 +344,7 @@ def test_private_memory_and_forked_children_error():
             list(loader)
             print("loaded")
         except RuntimeError as e:
-            print("worker", "cannot use an axon device in a forked subprocess" in str(e)
+            print("worker", "Cannot re-initialize axon in forked subprocess" in str(e)
                   and "'spawn' start method" in str(e))
 
         pid = os.fork()

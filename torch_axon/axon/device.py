@@ -36,8 +36,9 @@ def is_initialized() -> bool:
     """Whether the devices were set up yet.  As CUDA, axon initialises lazily, at
     the first call that needs a device (counting them included): AXON_* variables
     (AXON_VISIBLE_DEVICES, AXON_NUM_DEVICES ...) set after ``import torch`` and
-    before that call apply."""
-    return _C._devices_initialized()
+    before that call apply.  False in a forked child, which cannot use them (as
+    torch.cuda.is_initialized)."""
+    return _C._devices_initialized() and not _C._in_bad_fork()
 
 
 def init() -> None:
