@@ -269,3 +269,46 @@ ZERO_SIZE = {  # name: shapes of its inputs with no elements
 }
 
 test_stream_op_zero_size = stream_op_zero_size_test(STREAM_OPS, ZERO_SIZE)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("form", ["tensor", "scalar", "inplace", "out", "broadcast"])
+def test_integer_trunc_division_of_the_minimum_by_minus_one_does_not_trap(dtype, form):
+    """The CPU's kernel traps (SIGFPE kills the process) on int32/int64
+    minimum // -1 rounding toward zero; a device does not trap: that quotient
+    is the wrapped value (the minimum), as CUDA's, and every other element is
+    what the CPU computes."""
+    lo = torch.iinfo(dtype).min
+    a_vals = [lo, 5, -7, lo, 9, lo + 1]
+    b_vals = [-1, -1, 2, 3, -1, -1]
+    a = torch.tensor(a_vals, dtype=dtype)
+    b = torch.tensor(b_vals, dtype=dtype)
+
+    def trunc(x, y):  # Python integers, wrapped to dtype
+        q = abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+        bits = torch.iinfo(dtype).bits
+        return (q + 2 ** (bits - 1)) % 2 ** bits - 2 ** (bits - 1)
+
+    if form == "scalar":
+        want = [trunc(x, -1) for x in a_vals]
+        got = torch.div(a.axon(), -1, rounding_mode="trunc")
+    elif form == "broadcast":
+        want = [[trunc(x, y) for x in a_vals] for y in (-1, 3)]
+        got = torch.div(a.axon(), torch.tensor([[-1], [3]], dtype=dtype).axon(),
+                        rounding_mode="trunc")
+    else:
+        want = [trunc(x, y) for x, y in zip(a_vals, b_vals)]
+        x, y = a.axon(), b.axon()
+        if form == "tensor":
+            got = torch.div(x, y, rounding_mode="trunc")
+        elif form == "inplace":
+            got = x.div_(y, rounding_mode="trunc")
+        else:
+            got = torch.empty_like(x)
+            torch.div(x, y, rounding_mode="trunc", out=got)
+    assert got.dtype == dtype
+    assert got.cpu().tolist() == want
+    # The elements that do not overflow: the CPU's own results.
+    keep = [i for i, (x, y) in enumerate(zip(a_vals, b_vals)) if not (x == lo and y == -1)]
+    cpu = torch.div(a[keep], b[keep], rounding_mode="trunc")
+    assert torch.div(a.axon()[keep], b.axon()[keep], rounding_mode="trunc").cpu().equal(cpu)

@@ -3,6 +3,8 @@
 //   native stream kernels: ATen's structured ops (StructuredKernel.h) and
 //     where, masked_fill_, relu (checks written out, CpuKernel.h);
 //   generic stream kernel: the less frequent ones (GenericKernel.h).
+#include <limits>
+
 #include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/TensorIterator.h>
@@ -10,6 +12,9 @@
 #include <ATen/native/TypeProperties.h>
 #include <ATen/ops/clamp_min_cpu_dispatch.h>
 #include <ATen/ops/masked_fill_cpu_dispatch.h>
+#include <ATen/ops/logical_and.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/where_cpu_dispatch.h>
 #include <ATen/ops/add_cpu_dispatch.h>
 #include <ATen/ops/add_meta.h>
@@ -222,6 +227,29 @@ at::Tensor& relu_(at::Tensor& self) {
   return self;
 }
 
+// div.out_mode's kernel on host views.  Rounding toward zero, the int32 or
+// int64 minimum divided by -1 overflows, and the CPU's kernel traps (SIGFPE),
+// which would kill the process from the stream worker.  A device does not
+// trap: those quotients are the minimum (the wrapped -minimum), as CUDA's,
+// by dividing by 1 there instead.  (Floor rounding and remainders ATen
+// guards itself.)
+at::Tensor& div_out_mode_no_trap(const at::Tensor& a, const at::Tensor& b,
+                                 std::optional<c10::string_view> mode, at::Tensor& out) {
+  if (mode.has_value() && *mode == "trunc") {
+    const c10::ScalarType t = at::result_type(a, b);
+    if (t == at::kInt || t == at::kLong) {
+      const at::Scalar lowest = t == at::kInt
+                                    ? at::Scalar(std::numeric_limits<int32_t>::min())
+                                    : at::Scalar(std::numeric_limits<int64_t>::min());
+      const at::Tensor overflow = at::logical_and(a.eq(lowest), b.eq(-1));
+      if (overflow.any().item<bool>()) {
+        return at::cpu::div_outf(a, at::where(overflow, at::ones_like(b), b), mode, out);
+      }
+    }
+  }
+  return at::cpu::div_outf(a, b, mode, out);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -231,8 +259,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   OUT("sub.out", 1, sub_Tensor, sub_outf);
   OUT("mul.out", 1, mul_Tensor, mul_outf);
   OUT_SIG("div.out", 1, div_Tensor, div_outf, BinaryT);
-  OUT_SIG("div.out_mode", 1, div_Tensor_mode, div_outf,
-          T& (*)(const T&, const T&, std::optional<c10::string_view>, T&));
+  AXON_OUT_IMPL("div.out_mode", 1, div_Tensor_mode, &div_out_mode_no_trap);
   OUT_SIG("pow.Tensor_Tensor_out", 1, pow_Tensor_Tensor, pow_outf, BinaryT);
   OUT_SIG("pow.Tensor_Scalar_out", 1, pow_Tensor_Scalar, pow_outf, BinaryS);
   OUT_SIG("pow.Scalar_out", 1, pow_Scalar, pow_outf, T& (*)(const S&, const T&, T&));
