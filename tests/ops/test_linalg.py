@@ -347,3 +347,35 @@ def test_addr_checks_its_scalars_like_cpu(dtype, scalars, form):
             run(AXON)
         return
     assert_same(run(AXON), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+def test_eigvals_matches_cpu_and_rejects_non_finite_input_without_crashing(dtype):
+    """linalg.eigvals without gradients: the CPU's eigenvalues (batched,
+    non-contiguous, zero-size), and for an input with inf or NaN linalg.eig's
+    error: ATen's CPU _linalg_eigvals skips that check and LAPACK crashes the
+    process (run in a child so that a crash fails only this test)."""
+    for shape, view in (((3, 5, 5), lambda t: t), ((5, 5), lambda t: t.mT),
+                        ((0, 4, 4), lambda t: t)):
+        a = view(make(shape, dtype, seed=4))
+        want = torch.linalg.eigvals(a)
+        got = torch.linalg.eigvals(a.axon()).cpu()
+        assert got.dtype == want.dtype and got.shape == want.shape
+        # The same eigenvalues up to order: sorted by (real, imag).
+        key = lambda v: v.real * 1e6 + v.imag  # noqa: E731
+        torch.testing.assert_close(got.gather(-1, key(got).argsort(-1)),
+                                   want.gather(-1, key(want).argsort(-1)),
+                                   rtol=1e-4, atol=1e-4)
+    r = run_python(f"""
+        import torch
+        for bad in (float("nan"), float("inf")):
+            a = torch.randn(4, 4, dtype={dtype})
+            a[1, 2] = bad
+            try:
+                torch.linalg.eigvals(a.to("axon"))
+                print("no error")
+            except RuntimeError as e:
+                print("error", "should not contain infs or NaNs" in str(e))
+    """)
+    assert r.returncode == 0, r.stderr[-800:]
+    assert r.stdout.split() == ["error", "True", "error", "True"], r.stdout

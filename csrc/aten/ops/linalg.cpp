@@ -19,6 +19,7 @@
 #include <ATen/ops/baddbmm_meta.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_meta.h>
+#include <ATen/ops/linalg_eig.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/ops/mm_meta.h>
 #include <torch/library.h>
@@ -445,10 +446,19 @@ at::Tensor axon_baddbmm_dtype(
   return at::baddbmm(self.to(out_dtype), b1.to(out_dtype), b2.to(out_dtype), beta, alpha);
 }
 
+// linalg.eigvals without gradients: the eigenvalues of linalg_eig (the
+// fallback).  ATen's CPU _linalg_eigvals skips linalg_eig's check for
+// infinities and NaNs, and LAPACK then crashes the process (a segmentation
+// fault) on such an input; this way it gets linalg_eig's error instead.
+at::Tensor axon_linalg_eigvals(const at::Tensor& input) {
+  return std::get<0>(at::linalg_eig(input));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   OpRegistrar reg(m, "linalg");
+  reg.impl(Path::kSync, "_linalg_eigvals", TORCH_FN(axon_linalg_eigvals));
   reg.impl(Path::kFused, "mm.out", TORCH_FN(mm_out));
   OUT("bmm.out", 1, bmm, bmm_outf);
   reg.impl(Path::kFused, "addmm.out", TORCH_FN(addmm_out));
