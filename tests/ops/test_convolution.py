@@ -57,6 +57,8 @@ STREAM_OPS = {
                         [(2, 3, 4, 5)], None, True),
     "bilinear_aa": (lambda a: F.interpolate(a, size=(3, 4), mode="bilinear", antialias=True),
                     [(2, 3, 7, 9)], None, True),
+    "bicubic_aa": (lambda a: F.interpolate(a, size=(4, 5), mode="bicubic", antialias=True),
+                   [(2, 3, 7, 9)], None, True),
     "nearest3d": (lambda a: F.interpolate(a, scale_factor=2, mode="nearest"), [(1, 2, 3, 3, 4)],
                   None, True),
     "trilinear": (lambda a: F.interpolate(a, size=(4, 5, 6), mode="trilinear"),

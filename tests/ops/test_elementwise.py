@@ -222,6 +222,7 @@ STREAM_OPS = {
     "hardtanh_": (lambda a: F.hardtanh(a.clone(), -1.0, 2.0, inplace=True), [(4, 6)], None,
                   True),
     "relu6": (lambda a: F.relu6(a), [(4, 6)], None, True),
+    "hardswish_": (lambda a: F.hardswish(a.clone(), inplace=True), [(4, 6)], (-4, 4), True),
     "logit": (lambda a: torch.logit(a, eps=1e-3), [(4, 6)], (0.01, 0.99), True),
     "erfc": (lambda a: torch.erfc(a), [(4, 6)], None, True),
     "sinc": (lambda a: torch.sinc(a), [(4, 6)], None, True),

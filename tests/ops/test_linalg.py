@@ -209,6 +209,8 @@ def _spd(a):
 LINALG = {
     "inv": lambda a, b: torch.linalg.inv(a), "solve": lambda a, b: torch.linalg.solve(a, b),
     "qr": lambda a, b: torch.linalg.qr(a), "cholesky": lambda a, b: torch.linalg.cholesky(_spd(a)),
+    "cholesky_ex": lambda a, b: torch.linalg.cholesky_ex(_spd(a)),
+    "cholesky_ex_not_pd": lambda a, b: torch.linalg.cholesky_ex(-_spd(a)),
     "det": lambda a, b: torch.linalg.det(a), "slogdet": lambda a, b: torch.linalg.slogdet(a),
     "svdvals": lambda a, b: torch.linalg.svdvals(a), "eigvalsh": lambda a, b: torch.linalg.eigvalsh(_spd(a)),
     "lu_factor": lambda a, b: torch.linalg.lu_factor(a), "lstsq": lambda a, b: torch.linalg.lstsq(a, b).solution,

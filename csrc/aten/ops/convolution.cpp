@@ -110,6 +110,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
       "upsample_nearest3d.out", "upsample_nearest3d_backward.grad_input",
       "upsample_trilinear3d.out", "upsample_trilinear3d_backward.grad_input",
       "_upsample_bilinear2d_aa.out", "_upsample_bilinear2d_aa_backward.grad_input",
+      "_upsample_bicubic2d_aa.out", "_upsample_bicubic2d_aa_backward.grad_input",
       "_upsample_nearest_exact1d.out", "_upsample_nearest_exact2d.out",
       "_upsample_nearest_exact2d_backward.grad_input", "reflection_pad3d.out",
       "replication_pad3d.out", "reflection_pad3d_backward.grad_input",

@@ -375,7 +375,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
       "floor_divide", "floor_divide.out", "floor_divide_.Tensor", "sgn.out", "frac.out",
       "heaviside.out", "hypot.out", "copysign.out", "signbit.out", "lgamma.out", "digamma.out",
       "sinh.out", "cosh.out", "asin.out", "acos.out", "atan.out", "tan.out", "asinh.out",
-      "acosh.out", "atanh.out", "hardswish", "hardswish_backward", "glu_backward", "polar.out",
+      "acosh.out", "atanh.out", "hardswish", "hardswish_", "hardswish_backward", "glu_backward", "polar.out",
       "complex.out", "rsub.Tensor", "rsub.Scalar", "hardtanh", "hardtanh_", "logit",
       "logit_backward.grad_input", "erfc.out", "sinc.out", "threshold.out",
       "round.decimals_out", "logaddexp.out", "logaddexp2.out", "fmax.out", "fmin.out",

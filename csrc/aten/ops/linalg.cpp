@@ -483,7 +483,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
       "addbmm.out", "_pdist_forward", "_pdist_backward",
       // linalg.solve: the functional form registered too (without it, ATen's
       // structured wrapper met A and B on two devices with an internal assert)
-      "_linalg_solve_ex", "_linalg_solve_ex.result"
+      "_linalg_solve_ex", "_linalg_solve_ex.result", "linalg_cholesky_ex.L"
   });
 }
 
