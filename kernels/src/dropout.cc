@@ -99,6 +99,13 @@ AXON_SIMD void dropout_backward_chunk(DType dt, const void* dy, const uint8_t* m
   }
 }
 
+AXON_SIMD void mask_chunk(uint8_t* mask, int64_t begin, int64_t end, const Keep& keep) {
+  uint8_t* ms = mask + begin;
+  simd::for_each(end - begin, [&](auto i) AXON_INLINE_LAMBDA {
+    store_mask(ms, i, keep.bits(shifted(i, begin)));
+  });
+}
+
 constexpr int64_t kGrain = 16384;
 
 }  // namespace
@@ -114,6 +121,11 @@ void dropout_forward(DType dt, int64_t n, const void* x, void* y, uint8_t* mask,
   parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     dropout_chunk(dt, x, y, mask, b, e, keep, scale);
   });
+}
+
+void dropout_mask(int64_t n, uint8_t* mask, uint64_t seed, uint64_t offset, double p) {
+  const Keep keep{seed, offset, dropout_threshold(p)};
+  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { mask_chunk(mask, b, e, keep); });
 }
 
 void dropout_backward(DType dt, int64_t n, const void* dy, const uint8_t* mask, double scale,

@@ -40,6 +40,9 @@ TEST_P(Dropout, KeepsByTheRuleAndScales) {
       const float scale = p < 1 ? float(1.0 / (1.0 - p)) : 0.0f;
       const std::vector<float> xs = x.floats();
       std::vector<float> expected(n);
+      std::vector<uint8_t> mask_only(n, 7);
+      dropout_mask(n, mask_only.data(), seed, offset, p);
+      EXPECT_EQ(mask_only, mask);
       for (int64_t i = 0; i < n; ++i) {
         const bool keep = reference_keep(seed, offset, uint64_t(i), p);
         ASSERT_EQ(mask[i], keep ? 1 : 0) << "p " << p << " n " << n << " i " << i;

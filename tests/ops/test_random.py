@@ -218,6 +218,68 @@ def test_bernoulli_statistics(p):
     assert_mean_std(y, p, math.sqrt(p * (1 - p)))
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + (torch.float64, torch.int32, torch.int64,
+                                                   torch.int8, torch.uint8, torch.bool))
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "zero_size"])
+def test_bernoulli_with_a_number_every_dtype_and_layout(dtype, layout, no_fallback):
+    """bernoulli_(p): 0 and 1 only, in self's dtype, at rate p; p = 0 and 1
+    exact; elements outside a strided self untouched; the same seed draws the
+    same, the next call anew; the draws follow memory order and the generator."""
+    shape = {"contiguous": (120, 97), "transposed": (97, 120), "sliced": (120, 194),
+             "zero_size": (0, 7)}[layout]
+    fill = True if dtype == torch.bool else 7
+    base = torch.full(shape, fill, dtype=dtype, device="axon")
+    x = {"transposed": base.t(), "sliced": base[:, ::2]}.get(layout, base)
+    torch.manual_seed(5)
+    x.bernoulli_(0.3)
+    got = x.cpu()
+    assert got.dtype == dtype and set(got.unique().tolist()) <= {0, 1}
+    if layout == "sliced":  # the skipped columns keep their value
+        assert (base[:, 1::2].cpu() == fill).all()
+    if got.numel():
+        frac = got.double().mean().item()
+        assert abs(frac - 0.3) < Z * math.sqrt(0.21 / got.numel()), frac
+    torch.manual_seed(5)
+    again = torch.empty_like(x).bernoulli_(0.3).cpu()
+    if layout != "sliced":  # same layout, same draws
+        assert torch.equal(again, got)
+    assert (x.bernoulli_(0.0).cpu() == 0).all() and (x.bernoulli_(1.0).cpu() == 1).all()
+    g1 = torch.Generator("axon").manual_seed(9)
+    g2 = torch.Generator("axon").manual_seed(9)
+    a = torch.empty(1000, device="axon", dtype=dtype).bernoulli_(0.5, generator=g1).cpu()
+    b = torch.empty(1000, device="axon", dtype=dtype).bernoulli_(0.5, generator=g2).cpu()
+    c = torch.empty(1000, device="axon", dtype=dtype).bernoulli_(0.5, generator=g2).cpu()
+    assert torch.equal(a, b) and not torch.equal(b, c)
+
+
+def test_bernoulli_with_a_number_errors_like_cpu():
+    for call in (lambda d: torch.empty(3, device=d).bernoulli_(1.5),
+                 lambda d: torch.empty(3, device=d).bernoulli_(float("nan")),
+                 lambda d: torch.empty(1, device=d).expand(4).bernoulli_(0.5)):
+        with pytest.raises(RuntimeError) as cpu_error:
+            call("cpu")
+        with pytest.raises(RuntimeError) as axon_error:
+            call("axon")
+        assert str(axon_error.value) == str(cpu_error.value)
+    with pytest.raises(RuntimeError, match="not implemented for 'ComplexFloat'"):
+        torch.empty(3, device="axon", dtype=torch.complex64).bernoulli_(0.5)
+    with pytest.raises(RuntimeError, match="Expected a 'axon' device type for generator"):
+        torch.empty(3, device="axon").bernoulli_(0.5, generator=torch.Generator())
+
+
+def test_inplace_dropout_keeps_at_one_minus_p_and_scales():
+    torch.manual_seed(8)
+    x = torch.full((N,), 2.0, device="axon")
+    y = F.dropout(x, 0.25, training=True, inplace=True)
+    assert y.data_ptr() == x.data_ptr()
+    got = y.cpu()
+    # the kept value as the CPU computes it
+    kept = F.dropout(torch.full((100,), 2.0), 0.25, training=True, inplace=True).max().item()
+    assert set(got.unique().tolist()) <= {0.0, kept}
+    frac = (got != 0).double().mean().item()
+    assert abs(frac - 0.75) < Z * math.sqrt(0.75 * 0.25 / N)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("p", [0.2, 0.5])
 def test_dropout(dtype, p):

@@ -95,21 +95,24 @@ def test_random_ops_draw_new_numbers_each_replay_as_eager():
     x = torch.ones(4096, device=DEV)
     drop = torch.nn.Dropout(0.5)
     g = torch.axon.AxonGraph()
+    coin = torch.empty(512, device=DEV)
     with torch.axon.graph(g):
         out = drop(x)
         noise = torch.rand(64, device=DEV)
+        coin.bernoulli_(0.5)
     torch.axon.manual_seed(11)
     g.replay()
-    first = (out.cpu(), noise.cpu())
+    first = (out.cpu(), noise.cpu(), coin.cpu())
     g.replay()
-    second = (out.cpu(), noise.cpu())
+    second = (out.cpu(), noise.cpu(), coin.cpu())
     offset_after = torch.axon.get_rng_state()
     torch.axon.manual_seed(11)
-    eager = [(drop(x).cpu(), torch.rand(64, device=DEV).cpu()) for _ in range(2)]
+    eager = [(drop(x).cpu(), torch.rand(64, device=DEV).cpu(), coin.bernoulli_(0.5).cpu())
+             for _ in range(2)]
     for got, want in zip((first, second), eager):
-        torch.testing.assert_close(got[0], want[0], atol=0, rtol=0)
-        torch.testing.assert_close(got[1], want[1], atol=0, rtol=0)
-    assert not torch.equal(first[0], second[0]) and not torch.equal(first[1], second[1])
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert all(not torch.equal(a, b) for a, b in zip(first, second))
     assert torch.equal(offset_after, torch.axon.get_rng_state())  # the same counter used
 
 

@@ -2,7 +2,8 @@
 // multinomial, randperm, rrelu.  Numbers are reserved from the axon generator
 // at launch (core/AxonGenerator.h), so results depend on the seed and the
 // order of launches only.
-//   native stream kernels: native_dropout and its backward (kernels/dropout.h),
+//   native stream kernels: native_dropout and its backward, bernoulli_ with a
+//     number (kernels/dropout.h),
 //     multinomial (checks written out);
 //     poisson, binomial, _standard_gamma, _sample_dirichlet and the gradients
 //     (ATen's CPU kernel on host views; its checks at a new signature's first
@@ -10,6 +11,7 @@
 //   generic stream kernel: the rest (a CPU generator derived from the axon
 //     generator's counter).
 #include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_dirichlet_grad.h>
 #include <ATen/ops/_sample_dirichlet.h>
@@ -110,6 +112,43 @@ at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor& mas
         k::dropout_backward(dt, n, dy, m, scale, dx);
       });
   return out;
+}
+
+// bernoulli_(p) with a number p: the counter rule of dropout (kernels/
+// dropout.h) with drop probability 1 - p, so element i of self's memory order
+// (of a dense copy when self is not dense) is 1 with probability p, drawn
+// from the generator's offset + i: any split over threads draws the same, and
+// it runs as fast on every CPU (ATen's CPU kernel draws one number at a time
+// from a Mersenne twister except on Intel CPUs, where it uses MKL).
+at::Tensor& bernoulli_float_(at::Tensor& self, double p, std::optional<at::Generator> gen) {
+  const auto device = opDevice("bernoulli_", self);
+  TORCH_CHECK(0 <= p && p <= 1, "bernoulli_ expects p to be in [0, 1], but got p=", p);
+  at::Generator g = gen.has_value() && gen->defined() ? *gen : getDefaultAxonGenerator(device);
+  TORCH_CHECK(g.device().type() == kAxon, "Expected a 'axon' device type for generator but found '",
+              g.device().type(), "'");
+  const c10::ScalarType t = self.scalar_type();
+  // ATen's CPU and CUDA kernels' dtypes (AT_DISPATCH_ALL_TYPES_AND3(Bool, BFloat16, Half)).
+  TORCH_CHECK(at::isFloatingType(t) ? t != at::kFloat8_e4m3fn && t != at::kFloat8_e5m2 &&
+                                          t != at::kFloat8_e4m3fnuz && t != at::kFloat8_e5m2fnuz &&
+                                          t != at::kFloat8_e8m0fnu
+                                    : (t == at::kBool || t == at::kByte || t == at::kChar ||
+                                       t == at::kShort || t == at::kInt || t == at::kLong),
+              "\"bernoulli_scalar_axon_\" not implemented for '", t, "'");
+  if (self.numel() == 0) return self;
+  at::assert_no_internal_overlap(self);
+  const bool direct = (self.scalar_type() == at::kBool || self.scalar_type() == at::kByte) &&
+                      self.is_non_overlapping_and_dense();
+  at::Tensor mask = direct ? self : emptyDeviceLike(self, at::kBool);
+  const RawRng rng = reserveRawRng(device, g, static_cast<uint64_t>(mask.numel()));
+  kselect::launchWithThreadPolicy(
+      device, "aten::bernoulli_.float", mask.numel(), mask.numel(),
+      [n = mask.numel(), m = static_cast<uint8_t*>(mask.data_ptr()), drop = 1 - p,
+       seed = rng.seed, offset = rng.offset, slot = rng.slot]() {
+        const uint64_t s = slot ? slot->seed : seed, o = slot ? slot->offset : offset;
+        k::dropout_mask(n, m, s, o, drop);
+      });
+  if (!direct) self.copy_(mask);
+  return self;
 }
 
 at::Tensor multinomial(const at::Tensor& self, int64_t n, bool replacement,
@@ -222,6 +261,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   OpRegistrar reg(m, "random");
   reg.impl(Path::kNative, "native_dropout", native_dropout);
   reg.impl(Path::kNative, "native_dropout_backward", TORCH_FN(native_dropout_backward));
+  reg.impl(Path::kNative, "bernoulli_.float", TORCH_FN(bernoulli_float_));
   reg.impl(Path::kNative, "multinomial", multinomial);
   reg.impl(Path::kNative, "poisson", TORCH_FN(poisson));
   reg.impl(Path::kNative, "binomial", TORCH_FN(binomial));
@@ -231,7 +271,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   reg.impl(Path::kNative, "_dirichlet_grad", TORCH_FN(dirichlet_grad));
   reg.generic({
       "exponential_", "cauchy_", "log_normal_", "geometric_",
-      "rrelu_with_noise", "bernoulli_.float", "bernoulli_.Tensor", "bernoulli.out", "uniform_",
+      "rrelu_with_noise", "bernoulli_.Tensor", "bernoulli.out", "uniform_",
       "normal_", "normal.Tensor_float", "normal.float_Tensor", "normal.Tensor_Tensor",
       "random_", "random_.from", "random_.to", "randperm.generator_out"
   });

@@ -24,6 +24,10 @@ bool dropout_keep(uint64_t seed, uint64_t offset, uint64_t index, double p);
 void dropout_forward(DType dt, int64_t n, const void* x, void* y, uint8_t* mask, uint64_t seed,
                      uint64_t offset, double p);
 
+// mask[i] = dropout_keep(seed, offset, i, p) for i in [0, n) (Bernoulli draws:
+// 1 with probability ~1 - p).
+void dropout_mask(int64_t n, uint8_t* mask, uint64_t seed, uint64_t offset, double p);
+
 // The backward: dx[i] = dy[i] * (mask[i] ? float(scale) : 0) in float32,
 // rounded to dt (ATen's native_dropout_backward, dy * mask * scale). dy and dx
 // contiguous arrays of dt (dx may be dy); mask 0 or 1 per element.
