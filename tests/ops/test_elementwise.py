@@ -7,11 +7,13 @@ operands.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import FLOAT_DTYPES, INT_DTYPES, LAYOUTS, assert_same, layout_pair, make
+from conftest import FLOAT_DTYPES, INT_DTYPES, LAYOUTS, assert_same, layout_pair, make, run_python
 from op_util import POSITIVE, compare, nn_functional_test, stream_op_test, stream_op_zero_size_test
 
 
@@ -228,6 +230,7 @@ STREAM_OPS = {
     "sinc": (lambda a: torch.sinc(a), [(4, 6)], None, True),
     "threshold": (lambda a: F.threshold(a, 0.3, -2.0), [(4, 6)], None, True),
     "round_decimals": (lambda a: torch.round(a * 10, decimals=1), [(4, 6)], None, False),
+    "round_decimals_": (lambda a: (a * 10).round_(decimals=-1), [(4, 6)], None, False),
     "logaddexp": (lambda a, b: torch.logaddexp(a, b), [(4, 6), (4, 6)], None, True),
     "logaddexp2": (lambda a, b: torch.logaddexp2(a, b), [(4, 6), (4, 6)], None, True),
     "fmax": (lambda a, b: torch.fmax(a, b), [(4, 6), (4, 6)], None, True),
@@ -313,3 +316,94 @@ def test_integer_trunc_division_of_the_minimum_by_minus_one_does_not_trap(dtype,
     keep = [i for i, (x, y) in enumerate(zip(a_vals, b_vals)) if not (x == lo and y == -1)]
     cpu = torch.div(a[keep], b[keep], rounding_mode="trunc")
     assert torch.div(a.axon()[keep], b.axon()[keep], rounding_mode="trunc").cpu().equal(cpu)
+
+
+def test_round_with_huge_decimals_is_as_quick_as_the_cpu():
+    """round(decimals=d) for |d| up to 10**7: the CPU's kernel gives NaN or the
+    input at once; the op's meta in C++ (Python's decomposition would compute
+    10**d as an exact integer, minutes for d = 10**7). A child with a timeout,
+    so that a hang fails only this test."""
+    r = run_python("""
+        import json, torch
+        x = torch.tensor([1.25, -3.5, 0.0, 7.0])
+        res = []
+        for d in (10**7, -10**7, 400, -400):
+            for dt in (torch.float32, torch.bfloat16, torch.float16):
+                a = x.to(dt)
+                got = torch.round(a.to("axon"), decimals=d).cpu()
+                want = torch.round(a, decimals=d)
+                res.append(got.dtype == want.dtype and torch.equal(got.isnan(), want.isnan())
+                           and torch.equal(got.nan_to_num(), want.nan_to_num()))
+        print(json.dumps(res))
+    """, timeout=60)
+    assert r.returncode == 0, r.stderr[-800:]
+    assert json.loads(r.stdout) == [True] * 12
+
+
+def test_trunc_division_overflow_in_the_computation_type():
+    """The quotient's dtype decides: an operand that becomes the minimum or -1
+    only when cast to it (a 0-dim int64 2**31 or a Python 2**32 - 1 beside
+    int32) overflows too, and a uint8 255 is not -1. Expected values are
+    Python integers wrapped to int32; a child process, so that a trap fails
+    only this test."""
+    r = run_python("""
+        import json, torch
+        lo = -2**31
+        def wrap(q):
+            return (q + 2**31) % 2**32 - 2**31
+        def trunc(x, y):
+            return wrap(abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1))
+        got, want = [], []
+        i32 = lambda v: torch.tensor(v, dtype=torch.int32, device="axon")
+        # 0-dim int64 2**31 (int32's minimum once cast) by int32 [-1, 2]
+        r = torch.div(torch.tensor(2**31, device="axon"), i32([-1, 2]), rounding_mode="trunc")
+        got.append([str(r.dtype), r.cpu().tolist()])
+        want.append(["torch.int32", [trunc(lo, -1), trunc(lo, 2)]])
+        # int32 by a Python 2**32 - 1 (-1 once cast)
+        r = torch.div(i32([lo, 6]), 2**32 - 1, rounding_mode="trunc")
+        got.append([str(r.dtype), r.cpu().tolist()])
+        want.append(["torch.int32", [trunc(lo, -1), trunc(6, -1)]])
+        # int32 by uint8 255: 255, not -1 (the CPU's own result)
+        b = torch.tensor([255, 255], dtype=torch.uint8)
+        r = torch.div(i32([lo, 7]), b.to("axon"), rounding_mode="trunc")
+        c = torch.div(torch.tensor([lo, 7], dtype=torch.int32), b, rounding_mode="trunc")
+        got.append([str(r.dtype), r.cpu().tolist()])
+        want.append([str(c.dtype), c.tolist()])
+        print(json.dumps([got, want]))
+    """)
+    assert r.returncode == 0, r.stderr[-800:]
+    got, want = json.loads(r.stdout)
+    assert got == want
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_lcm_of_the_minimum_does_not_trap(dtype):
+    """ATen's lcm is |a / gcd(a, b) * b|; gcd(minimum, odd) can be -1 (|minimum|
+    wraps) and the CPU then traps (SIGFPE). Axon gives CUDA's wrapped value,
+    |minimum * b| wrapped: the minimum for odd b, 0 for even b; every other
+    element is the CPU's. Expected values are Python integers; a child
+    process, so that a trap fails only this test."""
+    r = run_python(f"""
+        import json, torch
+        dt = {dtype}
+        lo, hi = torch.iinfo(dt).min, torch.iinfo(dt).max
+        a = [lo, lo, lo, 12, lo, -9]
+        b = [hi, 4, lo, 18, -hi, 6]
+        got = torch.lcm(torch.tensor(a, dtype=dt, device="axon"),
+                        torch.tensor(b, dtype=dt, device="axon"))
+        out = torch.empty(0, dtype=dt, device="axon")
+        torch.lcm(torch.tensor(a, dtype=dt, device="axon"), torch.tensor(hi, dtype=dt, device="axon"),
+                  out=out)
+        keep = [1, 2, 3, 5]  # no trap on the CPU
+        cpu = torch.lcm(torch.tensor(a, dtype=dt)[keep], torch.tensor(b, dtype=dt)[keep])
+        cpu_out = torch.lcm(torch.tensor(a, dtype=dt)[[3, 5]], torch.tensor(hi, dtype=dt))
+        print(json.dumps([got.cpu().tolist(), out.cpu().tolist(), cpu.tolist(), cpu_out.tolist(),
+                          keep, lo, hi]))
+    """)
+    assert r.returncode == 0, r.stderr[-800:]
+    got, out, cpu, cpu_out, keep, lo, hi = json.loads(r.stdout)
+    assert [got[i] for i in keep] == cpu
+    assert [out[3], out[5]] == cpu_out
+    # gcd(lo, hi) = gcd(lo, -hi) = -1 there: |lo * odd| wraps to lo
+    assert got[0] == got[4] == lo
+    assert out[0] == out[1] == out[2] == out[4] == lo

@@ -12,8 +12,10 @@
 #include <ATen/native/TypeProperties.h>
 #include <ATen/ops/clamp_min_cpu_dispatch.h>
 #include <ATen/ops/masked_fill_cpu_dispatch.h>
+#include <ATen/ops/gcd.h>
 #include <ATen/ops/logical_and.h>
 #include <ATen/ops/ones_like.h>
+#include <ATen/ops/remainder.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/where_cpu_dispatch.h>
 #include <ATen/ops/add_cpu_dispatch.h>
@@ -80,10 +82,14 @@
 #include <ATen/ops/ne_meta.h>
 #include <ATen/ops/neg_cpu_dispatch.h>
 #include <ATen/ops/neg_meta.h>
+#include <ATen/ops/lcm_cpu_dispatch.h>
+#include <ATen/ops/lcm_meta.h>
 #include <ATen/ops/pow_cpu_dispatch.h>
 #include <ATen/ops/pow_meta.h>
 #include <ATen/ops/reciprocal_cpu_dispatch.h>
 #include <ATen/ops/reciprocal_meta.h>
+#include <ATen/ops/round_cpu_dispatch.h>
+#include <ATen/ops/round_meta.h>
 #include <ATen/ops/rsqrt_cpu_dispatch.h>
 #include <ATen/ops/rsqrt_meta.h>
 #include <ATen/ops/sigmoid_cpu_dispatch.h>
@@ -241,13 +247,41 @@ at::Tensor& div_out_mode_no_trap(const at::Tensor& a, const at::Tensor& b,
       const at::Scalar lowest = t == at::kInt
                                     ? at::Scalar(std::numeric_limits<int32_t>::min())
                                     : at::Scalar(std::numeric_limits<int64_t>::min());
-      const at::Tensor overflow = at::logical_and(a.eq(lowest), b.eq(-1));
+      // Compare in the type the kernel computes in: a wrapped 2**31 or an int64
+      // operand may become the minimum only after the cast, and a uint8 255 is
+      // not -1 there.
+      const at::Tensor a_t = a.to(t), b_t = b.to(t);
+      const at::Tensor overflow = at::logical_and(a_t.eq(lowest), b_t.eq(-1));
       if (overflow.any().item<bool>()) {
-        return at::cpu::div_outf(a, at::where(overflow, at::ones_like(b), b), mode, out);
+        return at::cpu::div_outf(a_t, at::where(overflow, at::ones_like(b_t), b_t), mode, out);
       }
     }
   }
   return at::cpu::div_outf(a, b, mode, out);
+}
+
+// lcm.out's kernel on host views.  ATen's lcm is |a / gcd(a, b) * b|, and its
+// gcd of the int32/int64 minimum and an odd number can be -1 (|minimum|
+// wraps), so the minimum / -1 traps as above.  A device gives the wrapped
+// value there, as CUDA's: |minimum * b|, the minimum for odd b, else 0.
+at::Tensor& lcm_out_no_trap(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  const c10::ScalarType t = at::result_type(a, b);
+  if (t == at::kInt || t == at::kLong) {
+    const at::Scalar lowest = t == at::kInt ? at::Scalar(std::numeric_limits<int32_t>::min())
+                                            : at::Scalar(std::numeric_limits<int64_t>::min());
+    const at::Tensor a_t = a.to(t), b_t = b.to(t);
+    const at::Tensor is_lowest = a_t.eq(lowest);
+    if (is_lowest.any().item<bool>()) {
+      const at::Tensor trap = at::logical_and(is_lowest, at::gcd(a_t, b_t).eq(-1));
+      if (trap.any().item<bool>()) {
+        at::cpu::lcm_outf(at::where(trap, at::ones_like(a_t), a_t), b_t, out);
+        const at::Tensor odd = b_t.remainder(2).ne(0);
+        out.masked_fill_(at::logical_and(trap, odd), lowest);
+        return out.masked_fill_(at::logical_and(trap, odd.logical_not()), 0);
+      }
+    }
+  }
+  return at::cpu::lcm_outf(a, b, out);
 }
 
 }  // namespace
@@ -260,6 +294,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   OUT("mul.out", 1, mul_Tensor, mul_outf);
   OUT_SIG("div.out", 1, div_Tensor, div_outf, BinaryT);
   AXON_OUT_IMPL("div.out_mode", 1, div_Tensor_mode, &div_out_mode_no_trap);
+  AXON_OUT_IMPL("lcm.out", 1, lcm, &lcm_out_no_trap);
   OUT_SIG("pow.Tensor_Tensor_out", 1, pow_Tensor_Tensor, pow_outf, BinaryT);
   OUT_SIG("pow.Tensor_Scalar_out", 1, pow_Tensor_Scalar, pow_outf, BinaryS);
   OUT_SIG("pow.Scalar_out", 1, pow_Scalar, pow_outf, T& (*)(const S&, const T&, T&));
@@ -318,6 +353,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   OUT_SIG("bitwise_xor.Tensor_out", 1, bitwise_xor_Tensor, bitwise_xor_outf, BinaryT);
   OUT_SIG("isin.Tensor_Tensor_out", 1, isin_Tensor_Tensor, isin_outf,
           T& (*)(const T&, const T&, bool, bool, T&));
+  // round with decimals: ATen's meta in C++ (the Python decomposition's 10**decimals
+  // is a Python integer: decimals=10**7 would take minutes before the kernel ran)
+  using RoundDecimals = T& (*)(const T&, int64_t, T&);
+  OUT_SIG("round.decimals_out", 1, round_decimals, round_outf, RoundDecimals);
+  FUNC_SIG("round.decimals", 1, round_decimals, T(const T&, int64_t), round_outf,
+           RoundDecimals);
+  INPLACE_SIG("round_.decimals", round_decimals, T&(T&, int64_t), round_outf, RoundDecimals);
   // functional and in-place overloads of the hottest ops, registered directly
   // so their meta function runs once
   FUNC("add.Tensor", 1, add_Tensor, FBinaryAlpha, add_outf);
@@ -378,7 +420,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
       "acosh.out", "atanh.out", "hardswish", "hardswish_", "hardswish_backward", "glu_backward", "polar.out",
       "complex.out", "rsub.Tensor", "rsub.Scalar", "hardtanh", "hardtanh_", "logit",
       "logit_backward.grad_input", "erfc.out", "sinc.out", "threshold.out",
-      "round.decimals_out", "logaddexp.out", "logaddexp2.out", "fmax.out", "fmin.out",
+      "logaddexp.out", "logaddexp2.out", "fmax.out", "fmin.out",
       "hardshrink.out", "hardshrink_backward.grad_input", "softshrink.out",
       "softshrink_backward.grad_input", "frexp.Tensor_out", "i0.out", "nextafter.out",
       "igamma.out", "igammac.out", "polygamma.out", "_prelu_kernel", "_prelu_kernel_backward",
@@ -397,7 +439,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
       "special_shifted_chebyshev_polynomial_v.out",
       "special_shifted_chebyshev_polynomial_w.out", "special_hermite_polynomial_h.out",
       "special_hermite_polynomial_he.out", "special_laguerre_polynomial_l.out",
-      "special_legendre_polynomial_p.out", "gcd.out", "lcm.out", "conj_physical.out",
+      "special_legendre_polynomial_p.out", "gcd.out", "conj_physical.out",
       "conj_physical_"
   });
 }
