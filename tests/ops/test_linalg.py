@@ -368,16 +368,34 @@ def test_eigvals_matches_cpu_and_rejects_non_finite_input_without_crashing(dtype
         torch.testing.assert_close(got.gather(-1, key(got).argsort(-1)),
                                    want.gather(-1, key(want).argsort(-1)),
                                    rtol=1e-4, atol=1e-4)
+        # out=: resized, cast to its dtype (complex128 takes complex64's values),
+        # and ATen's error for a dtype the values cannot be cast to
+        out = torch.empty(7, dtype=torch.complex128, device="axon")
+        torch.linalg.eigvals(a.axon(), out=out)
+        want_out = torch.linalg.eigvals(a, out=torch.empty(7, dtype=torch.complex128))
+        assert out.shape == want_out.shape
+        torch.testing.assert_close(out.cpu().gather(-1, key(out.cpu()).argsort(-1)),
+                                   want_out.gather(-1, key(want_out).argsort(-1)),
+                                   rtol=1e-4, atol=1e-4)
+        with pytest.raises(RuntimeError, match="safely castable") as cpu_err:
+            torch.linalg.eigvals(a, out=torch.empty(0, dtype=torch.float32))
+        with pytest.raises(RuntimeError, match="safely castable") as axon_err:
+            torch.linalg.eigvals(a.axon(), out=torch.empty(0, dtype=torch.float32, device="axon"))
+        assert str(axon_err.value) == str(cpu_err.value)
     r = run_python(f"""
         import torch
         for bad in (float("nan"), float("inf")):
             a = torch.randn(4, 4, dtype={dtype})
             a[1, 2] = bad
-            try:
-                torch.linalg.eigvals(a.to("axon"))
-                print("no error")
-            except RuntimeError as e:
-                print("error", "should not contain infs or NaNs" in str(e))
+            for out in (False, True):
+                try:
+                    if out:
+                        torch.linalg.eigvals(a.to("axon"), out=torch.empty(0, dtype=torch.complex128, device="axon"))
+                    else:
+                        torch.linalg.eigvals(a.to("axon"))
+                    print("no error")
+                except RuntimeError as e:
+                    print("error", "should not contain infs or NaNs" in str(e))
     """)
     assert r.returncode == 0, r.stderr[-800:]
-    assert r.stdout.split() == ["error", "True", "error", "True"], r.stdout
+    assert r.stdout.split() == ["error", "True"] * 4, r.stdout

@@ -11,6 +11,7 @@
 //   generic stream kernel: the rest.  LAPACK-based ops stay in the fallback.
 #include <ATen/Context.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/native/Resize.h>
 #include <ATen/native/TypeProperties.h>
 #include <ATen/ops/addr_native.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
@@ -454,11 +455,28 @@ at::Tensor axon_linalg_eigvals(const at::Tensor& input) {
   return std::get<0>(at::linalg_eig(input));
 }
 
+// linalg.eigvals(out=): the same eigenvalues, into out (ATen's CPU out= form
+// skips that check too).
+at::Tensor& axon_linalg_eigvals_out(const at::Tensor& input, at::Tensor& out) {
+  at::Tensor values = std::get<0>(at::linalg_eig(input));
+  TORCH_CHECK(c10::canCast(values.scalar_type(), out.scalar_type()),
+              "torch.linalg.eigvals: Expected eigenvalues to be safely castable from ",
+              values.scalar_type(), " dtype, but got eigenvalues with dtype ",
+              out.scalar_type());
+  TORCH_CHECK(out.device() == input.device(),
+              "torch.linalg.eigvals: Expected eigenvalues and input to be on the same device, "
+              "but found eigenvalues on ", out.device(), " and input on ", input.device(),
+              " instead.");
+  at::native::resize_output(out, values.sizes());
+  return out.copy_(values);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   OpRegistrar reg(m, "linalg");
   reg.impl(Path::kSync, "_linalg_eigvals", TORCH_FN(axon_linalg_eigvals));
+  reg.impl(Path::kSync, "linalg_eigvals.out", TORCH_FN(axon_linalg_eigvals_out));
   reg.impl(Path::kFused, "mm.out", TORCH_FN(mm_out));
   OUT("bmm.out", 1, bmm, bmm_outf);
   reg.impl(Path::kFused, "addmm.out", TORCH_FN(addmm_out));
