@@ -29,6 +29,12 @@ inline uint64_t dropout_threshold(double p) {
   return uint64_t(std::llround(std::min(std::max(p, 0.0), 1.0) * 16777216.0));
 }
 
+// A Bernoulli draw with probability p is 1 iff (z >> 32) < this (32 bits, the
+// resolution of CUDA's curand_uniform; 2^32 when p rounds to 1).
+inline uint64_t bernoulli_threshold(double p) {
+  return uint64_t(std::llround(std::min(std::max(p, 0.0), 1.0) * 4294967296.0));
+}
+
 // The factor kept values are scaled by: 1 / (1 - p), 0 when everything drops.
 inline float dropout_scale(double p) { return p < 1 ? float(1.0 / (1.0 - p)) : 0.0f; }
 

@@ -1,5 +1,7 @@
 #include "axon/kernels/dropout.h"
 
+#include <cstring>
+
 #include "axon/kernels/parallel.h"
 #include "counter_rng.h"
 #include "simd.h"
@@ -26,6 +28,22 @@ struct Keep {
     // a two-register vector does not vectorise).
     const simd::VecI top = __builtin_convertvector(z >> 40, simd::VecI);
     return (simd::VecU)(top >= int32_t(threshold));
+  }
+};
+
+// Bernoulli draws: all-ones lanes iff (z >> 32) < threshold (32 bits; a
+// threshold of 2^32 is handled by the caller).
+struct Below {
+  uint64_t seed, offset;
+  uint32_t threshold;
+  AXON_INLINE uint32_t bits(int64_t i) const {
+    return simd::mask_if(uint32_t(splitmix64(seed, offset + uint64_t(i)) >> 32) < threshold);
+  }
+  AXON_INLINE simd::VecU bits(VecAt at) const {
+    const VecU64 lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const VecU64 z = splitmix64_mix(seed + (offset + uint64_t(at.i) + 1 + lanes) * kSplitMixGamma);
+    const simd::VecU top = __builtin_convertvector(z >> 32, simd::VecU);
+    return (simd::VecU)(top < threshold);
   }
 };
 
@@ -99,10 +117,10 @@ AXON_SIMD void dropout_backward_chunk(DType dt, const void* dy, const uint8_t* m
   }
 }
 
-AXON_SIMD void mask_chunk(uint8_t* mask, int64_t begin, int64_t end, const Keep& keep) {
+AXON_SIMD void mask_chunk(uint8_t* mask, int64_t begin, int64_t end, const Below& below) {
   uint8_t* ms = mask + begin;
   simd::for_each(end - begin, [&](auto i) AXON_INLINE_LAMBDA {
-    store_mask(ms, i, keep.bits(shifted(i, begin)));
+    store_mask(ms, i, below.bits(shifted(i, begin)));
   });
 }
 
@@ -123,9 +141,18 @@ void dropout_forward(DType dt, int64_t n, const void* x, void* y, uint8_t* mask,
   });
 }
 
-void dropout_mask(int64_t n, uint8_t* mask, uint64_t seed, uint64_t offset, double p) {
-  const Keep keep{seed, offset, dropout_threshold(p)};
-  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { mask_chunk(mask, b, e, keep); });
+bool bernoulli_draw(uint64_t seed, uint64_t offset, uint64_t index, double p) {
+  return (splitmix64(seed, offset + index) >> 32) < bernoulli_threshold(p);
+}
+
+void bernoulli_mask(int64_t n, uint8_t* mask, uint64_t seed, uint64_t offset, double p) {
+  const uint64_t threshold = bernoulli_threshold(p);
+  if (threshold > UINT32_MAX) {  // p rounds to 1: every draw is 1
+    parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { std::memset(mask + b, 1, e - b); });
+    return;
+  }
+  const Below below{seed, offset, uint32_t(threshold)};
+  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { mask_chunk(mask, b, e, below); });
 }
 
 void dropout_backward(DType dt, int64_t n, const void* dy, const uint8_t* mask, double scale,

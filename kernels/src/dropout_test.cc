@@ -18,7 +18,17 @@ bool reference_keep(uint64_t seed, uint64_t offset, uint64_t index, double p) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
   const double q = p < 0 ? 0 : p > 1 ? 1 : p;
-  return double(z >> 40) >= std::nearbyint(q * 16777216.0);
+  return double(z >> 40) >= std::round(q * 16777216.0);
+}
+
+// dropout.h's Bernoulli rule, written out independently.
+bool reference_draw(uint64_t seed, uint64_t offset, uint64_t index, double p) {
+  uint64_t z = seed + (offset + index + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const double q = p < 0 ? 0 : p > 1 ? 1 : p;
+  return double(z >> 32) < std::round(q * 4294967296.0);
 }
 
 class Dropout : public KernelTest {};
@@ -40,9 +50,6 @@ TEST_P(Dropout, KeepsByTheRuleAndScales) {
       const float scale = p < 1 ? float(1.0 / (1.0 - p)) : 0.0f;
       const std::vector<float> xs = x.floats();
       std::vector<float> expected(n);
-      std::vector<uint8_t> mask_only(n, 7);
-      dropout_mask(n, mask_only.data(), seed, offset, p);
-      EXPECT_EQ(mask_only, mask);
       for (int64_t i = 0; i < n; ++i) {
         const bool keep = reference_keep(seed, offset, uint64_t(i), p);
         ASSERT_EQ(mask[i], keep ? 1 : 0) << "p " << p << " n " << n << " i " << i;
@@ -114,6 +121,31 @@ TEST_P(Dropout, BackwardIsGradTimesMaskTimesScale) {
     dropout_backward(dt(), n, inplace.data(), mask.data(), scale, inplace.data());
     EXPECT_TRUE(testing::same_bytes(inplace, dx)) << n;
   }
+}
+
+// Bernoulli draws: every element the rule's, including probabilities below
+// dropout's 2^-24 resolution and next to 1; the rate of a small p.
+TEST(Bernoulli, DrawsByTheRule) {
+  const uint64_t seed = 77, offset = 5;
+  for (double p : {0.0, 1e-9, 3e-8, 0.3, 0.5, 1 - 1e-9, 1 - 1e-10, 1.0}) {
+    for (int64_t n : {0, 1, 15, 16, 17, 40000}) {
+      std::vector<uint8_t> mask(n, 7);
+      bernoulli_mask(n, mask.data(), seed, offset, p);
+      for (int64_t i = 0; i < n; ++i) {
+        const bool one = reference_draw(seed, offset, uint64_t(i), p);
+        ASSERT_EQ(mask[i], one ? 1 : 0) << "p " << p << " n " << n << " i " << i;
+        ASSERT_EQ(bernoulli_draw(seed, offset, uint64_t(i), p), one);
+      }
+    }
+  }
+  // p = 1e-6 over 4M draws: about 4 ones (a 2^-24 grid would give none).
+  const int64_t n = int64_t(1) << 22;
+  std::vector<uint8_t> mask(n);
+  bernoulli_mask(n, mask.data(), 3, 0, 1e-6);
+  int64_t ones = 0;
+  for (uint8_t m : mask) ones += m;
+  EXPECT_GE(ones, 1);
+  EXPECT_LE(ones, 20);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, Dropout, ::testing::ValuesIn(testing::all_configs()),

@@ -9,13 +9,14 @@ seeded, hence deterministic).
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import FLOAT_DTYPES, make, tol
+from conftest import FLOAT_DTYPES, make, run_python, tol
 from op_util import Z, leaf, nn_functional_test, sleep_on_stream
 
 
@@ -654,3 +655,31 @@ def test_binomial_broadcasts_as_the_cpu():
     torch.manual_seed(2)
     big = torch.binomial(torch.full((N, 1), 10.0, device="axon"), torch.full((1, 2), 0.3, device="axon"))
     assert abs(big.cpu().double().mean().item() - 3.0) < Z * math.sqrt(2.1) / math.sqrt(2 * N)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_binomial_of_nan_or_infinite_counts_ends(dtype):
+    """ATen's sampler loops forever on a NaN count or probability or an infinite
+    count (the CPU hangs); on axon that would hang the stream. Those elements
+    are NaN (a count of inf: inf, or 0 with probability 0), and the others
+    are what the CPU gives (probabilities 0 and 1 and negative counts, so the
+    CPU's values are exact). Run in a child with a timeout: a hang fails
+    this test only."""
+    r = run_python(f"""
+        import json, torch
+        nan, inf = float("nan"), float("inf")
+        count = [nan, 5.0, inf, inf, 3.0, -inf, 7.0, nan]
+        prob = [0.5, nan, 0.5, 0.0, 1.0, 0.5, 0.0, nan]
+        got = torch.binomial(torch.tensor(count, dtype={dtype}, device="axon"),
+                             torch.tensor(prob, dtype={dtype}, device="axon")).cpu()
+        finite = [4, 5, 6]
+        cpu = torch.binomial(torch.tensor(count, dtype={dtype})[finite],
+                             torch.tensor(prob, dtype={dtype})[finite])
+        print(json.dumps([got.dtype == {dtype}, got.tolist(), cpu.tolist()]))
+    """, timeout=60)
+    assert r.returncode == 0, r.stderr[-800:]
+    same_dtype, got, cpu = json.loads(r.stdout)
+    assert same_dtype
+    assert all(math.isnan(got[i]) for i in (0, 1, 7))
+    assert got[2:4] == [math.inf, 0.0]
+    assert [got[i] for i in (4, 5, 6)] == cpu == [3.0, 0.0, 0.0]

@@ -23,7 +23,8 @@ from ._hooks import on_import
 
 STORAGE_ERROR = "Cannot pickle axon storage; try pickling an axon tensor instead"
 FORK_ERROR = ("Cannot re-initialize axon in forked subprocess. To use axon with "
-              "multiprocessing, you must use the 'spawn' start method")
+              "multiprocessing, you must use the 'spawn' start method (the device's "
+              "worker threads do not survive fork()).")
 
 
 def _is_axon(obj) -> bool:

@@ -2,9 +2,9 @@
 // multinomial, randperm, rrelu.  Numbers are reserved from the axon generator
 // at launch (core/AxonGenerator.h), so results depend on the seed and the
 // order of launches only.
-//   native stream kernels: native_dropout and its backward, bernoulli_ with a
-//     number (kernels/dropout.h),
-//     multinomial (checks written out);
+//   fused kernels: native_dropout and its backward, bernoulli_ with a number
+//     (kernels/dropout.h);
+//   native stream kernels: multinomial (checks written out);
 //     poisson, binomial, _standard_gamma, _sample_dirichlet and the gradients
 //     (ATen's CPU kernel on host views; its checks at a new signature's first
 //     launch);
@@ -52,7 +52,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
     return {out, mask};
   }
   const std::optional<k::DType> dt = kernelDType(input.scalar_type());
-  if (!dt.has_value()) {  // float64: ATen's Bernoulli draws
+  if (!dt.has_value()) {  // float64 and other dtypes: ATen's Bernoulli draws
     at::Generator gen = cpuGeneratorFor(std::nullopt, device);
     launchCpuKernel<HostChecks::kMeta>(device, "aten::native_dropout",
                     [p, gen](const at::Tensor& in, at::Tensor& o, at::Tensor& m) {
@@ -98,8 +98,7 @@ at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor& mas
   const std::optional<k::DType> dt = kernelDType(grad.scalar_type());
   if (!dt.has_value() || mask.scalar_type() != at::kBool || grad.sizes() != mask.sizes() ||
       !grad.is_non_overlapping_and_dense() || grad.strides() != mask.strides()) {
-    // operator* wraps scale as a number (opmath), as ATen's own; Tensor::mul_(Scalar)
-    // would round it to a 16-bit grad's dtype first.
+    // ATen's composition, operator for operator.
     return grad * mask * scale;
   }
   at::Tensor out = emptyDeviceLike(grad, grad.scalar_type());
@@ -114,9 +113,9 @@ at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor& mas
   return out;
 }
 
-// bernoulli_(p) with a number p: the counter rule of dropout (kernels/
-// dropout.h) with drop probability 1 - p, so element i of self's memory order
-// (of a dense copy when self is not dense) is 1 with probability p, drawn
+// bernoulli_(p) with a number p: counter-based draws (kernels/dropout.h's
+// bernoulli_mask, 32-bit resolution as CUDA's), so element i of self's memory
+// order (of a dense copy when self is not dense) is 1 with probability p, drawn
 // from the generator's offset + i: any split over threads draws the same, and
 // it runs as fast on every CPU (ATen's CPU kernel draws one number at a time
 // from a Mersenne twister except on Intel CPUs, where it uses MKL).
@@ -142,10 +141,10 @@ at::Tensor& bernoulli_float_(at::Tensor& self, double p, std::optional<at::Gener
   const RawRng rng = reserveRawRng(device, g, static_cast<uint64_t>(mask.numel()));
   kselect::launchWithThreadPolicy(
       device, "aten::bernoulli_.float", mask.numel(), mask.numel(),
-      [n = mask.numel(), m = static_cast<uint8_t*>(mask.data_ptr()), drop = 1 - p,
-       seed = rng.seed, offset = rng.offset, slot = rng.slot]() {
+      [n = mask.numel(), m = static_cast<uint8_t*>(mask.data_ptr()), p, seed = rng.seed,
+       offset = rng.offset, slot = rng.slot]() {
         const uint64_t s = slot ? slot->seed : seed, o = slot ? slot->offset : offset;
-        k::dropout_mask(n, m, s, o, drop);
+        k::bernoulli_mask(n, m, s, o, p);
       });
   if (!direct) self.copy_(mask);
   return self;
@@ -226,7 +225,18 @@ at::Tensor binomial(const at::Tensor& count, const at::Tensor& prob,
   at::native::resize_output(out, shape);  // the warning, when the shapes differ
   return sampleInto("aten::binomial", out, gen, device,
                     [](const at::Tensor& c, const at::Tensor& p, const at::Generator& g) {
-                      return at::binomial(c, p, g);
+                      // ATen's sampler never ends for a NaN count or probability
+                      // or an infinite count (its inversion loop waits for a sum
+                      // to exceed the count): the stream would hang.  Such
+                      // elements are NaN, or for a count of inf, inf (0 when
+                      // the probability is 0); the others sampled as the CPU's.
+                      const at::Tensor nan = at::isnan(c).logical_or_(at::isnan(p));
+                      const at::Tensor inf = at::isposinf(c);
+                      const at::Tensor bad = nan.logical_or(inf);
+                      if (!bad.any().item<bool>()) return at::binomial(c, p, g);
+                      at::Tensor r = at::binomial(c.masked_fill(bad, 0), p.masked_fill(bad, 0), g);
+                      r.masked_fill_(inf.logical_and_(p.gt(0)), INFINITY);
+                      return r.masked_fill_(nan, NAN);
                     }, count.expand(shape), prob.expand(shape));
 }
 
@@ -259,9 +269,9 @@ at::Tensor dirichlet_grad(const at::Tensor& x, const at::Tensor& alpha, const at
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   OpRegistrar reg(m, "random");
-  reg.impl(Path::kNative, "native_dropout", native_dropout);
-  reg.impl(Path::kNative, "native_dropout_backward", TORCH_FN(native_dropout_backward));
-  reg.impl(Path::kNative, "bernoulli_.float", TORCH_FN(bernoulli_float_));
+  reg.impl(Path::kFused, "native_dropout", native_dropout);
+  reg.impl(Path::kFused, "native_dropout_backward", TORCH_FN(native_dropout_backward));
+  reg.impl(Path::kFused, "bernoulli_.float", TORCH_FN(bernoulli_float_));
   reg.impl(Path::kNative, "multinomial", multinomial);
   reg.impl(Path::kNative, "poisson", TORCH_FN(poisson));
   reg.impl(Path::kNative, "binomial", TORCH_FN(binomial));

@@ -24,9 +24,13 @@ bool dropout_keep(uint64_t seed, uint64_t offset, uint64_t index, double p);
 void dropout_forward(DType dt, int64_t n, const void* x, void* y, uint8_t* mask, uint64_t seed,
                      uint64_t offset, double p);
 
-// mask[i] = dropout_keep(seed, offset, i, p) for i in [0, n) (Bernoulli draws:
-// 1 with probability ~1 - p).
-void dropout_mask(int64_t n, uint8_t* mask, uint64_t seed, uint64_t offset, double p);
+// Bernoulli draws (bernoulli_ with a number p) at the resolution of a 32-bit
+// uniform: with z as above, 1 iff (z >> 32) < round(min(max(p, 0), 1) * 2^32),
+// so with probability p to within 2^-33 (p <= 0: never; p >= 1 - 2^-33: always).
+bool bernoulli_draw(uint64_t seed, uint64_t offset, uint64_t index, double p);
+
+// mask[i] = bernoulli_draw(seed, offset, i, p) for i in [0, n), 0 or 1.
+void bernoulli_mask(int64_t n, uint8_t* mask, uint64_t seed, uint64_t offset, double p);
 
 // The backward: dx[i] = dy[i] * (mask[i] ? float(scale) : 0) in float32,
 // rounded to dt (ATen's native_dropout_backward, dy * mask * scale). dy and dx
