@@ -18,12 +18,17 @@
 #include <vector>
 
 #include <ATen/Tensor.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/core/IListRef.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/List.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/OptionalArrayRef.h>
 #include <c10/util/bit_cast.h>
+
+#include <omp.h>
+
+#include <axon/runtime.h>
 
 #include "HostView.h"
 #include "KernelSelect.h"
@@ -386,12 +391,34 @@ decltype(auto) host(const T& v, MappedViews&) {
   return host(v);
 }
 
+// runSplit's parts: rows [b, e) of dimension `dim` of the output (of
+// out_dim dimensions) of a tensor argument, aligned to the output's trailing
+// dimensions as broadcasting aligns it; a tensor broadcast along it (size 1
+// there, or without it) whole; other arguments as they are.
+inline at::Tensor rows(const at::Tensor& t, int64_t out_dim, int64_t dim, int64_t b, int64_t e) {
+  const int64_t d = dim - (out_dim - t.dim());
+  if (d < 0 || t.size(d) == 1) return t;
+  return t.narrow(d, b, e - b);
+}
+inline std::optional<at::Tensor> rows(const std::optional<at::Tensor>& t, int64_t out_dim,
+                                      int64_t dim, int64_t b, int64_t e) {
+  if (!t.has_value() || !t->defined()) return t;
+  return rows(*t, out_dim, dim, b, e);
+}
+template <typename T>
+const T& rows(const T& v, int64_t, int64_t, int64_t, int64_t) {
+  return v;
+}
+
+// On a stream worker (which drops warnings: kernels raised theirs at the call).
+inline bool onStreamWorker() { return c10::WarningUtils::get_warning_handler() == dropWarnings(); }
+
 template <typename Fn, typename... A>
 class FusibleCpuKernelWork final : public Work, public Fusible {
  public:
   using Captured = std::tuple<typename Capturing<A>::Type...>;
   FusibleCpuKernelWork(FusionKind k, const char* op, Fn fn, const A&... a)
-      : fn_(fn), captured_(Capturing<A>{a}...) {
+      : fn_(fn), captured_(Capturing<A>{a}...), pointwise_(k == FusionKind::kPointwise) {
     bool ok = true;
     std::apply([&](const auto&... c) { (collect_view(c, *this, ok), ...); }, captured_);
     if (ok && !views.empty()) {
@@ -403,6 +430,9 @@ class FusibleCpuKernelWork final : public Work, public Fusible {
   }
   void run() override {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    if (pointwise_ && omp_get_max_threads() > 1 && onStreamWorker()) {
+      return runSplit(std::index_sequence_for<A...>{});
+    }
     call_on_host(fn_, captured_, std::index_sequence_for<A...>{});
   }
   void runMapped(c10::ArrayRef<at::Tensor> mapped) override {
@@ -416,8 +446,54 @@ class FusibleCpuKernelWork final : public Work, public Fusible {
   const Captured& captured() const { return captured_; }
 
  private:
+  // A pointwise kernel given the team (the thread policy measured it so): its
+  // output's rows along one dimension split over the runtime's compute team,
+  // each part ATen's kernel alone on its thread (not on OpenMP's team, whose
+  // threads spin on the cores for milliseconds after each loop).  An output
+  // element depends only on the inputs' elements at its index, so any split
+  // computes the same values, up to the rounding of the few elements a part
+  // boundary moves between ATen's vectorised loop and its scalar tail (as
+  // ATen's own split over OpenMP's threads does).  Parts hold at least ATen's
+  // grain of elements.
+  template <size_t... I>
+  void runSplit(std::index_sequence<I...>) {
+    SameViews same;
+    auto args = std::make_tuple(host(std::get<I>(captured_), same)...);
+    const at::Tensor& out = std::get<sizeof...(A) - 1>(args);
+    const int threads = omp_get_max_threads();
+    int64_t dim = -1;
+    for (int64_t d = 0; d < out.dim(); ++d) {
+      if (out.size(d) >= threads) {
+        dim = d;
+        break;
+      }
+    }
+    const KernelThreadsScope alone(1);
+    if (dim < 0) {
+      std::apply(fn_, args);
+      return;
+    }
+    struct Ctx {
+      FusibleCpuKernelWork* self;
+      decltype(args)* all;
+      int64_t dim, out_dim;
+    } ctx{this, &args, dim, out.dim()};
+    const int64_t inner = std::max<int64_t>(1, out.numel() / out.size(dim));
+    const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / inner);
+    ::axon::rt::team_parallel_for(threads, 0, out.size(dim), grain, &ctx,
+                                  [](void* p, int64_t b, int64_t e) {
+      const Ctx& c = *static_cast<const Ctx*>(p);
+      const KernelThreadsScope one(1);
+      c10::WarningUtils::WarningHandlerGuard quiet(dropWarnings());
+      at::AutoDispatchBelowADInplaceOrView below;
+      auto part = std::make_tuple(rows(std::get<I>(*c.all), c.out_dim, c.dim, b, e)...);
+      std::apply(c.self->fn_, part);
+    });
+  }
+
   Fn fn_;
   Captured captured_;
+  bool pointwise_;
 };
 
 }  // namespace at::axon::cpu_kernel
@@ -429,14 +505,14 @@ namespace cpu_kernel {
 // policy (KernelSelect.h) and launches it.
 template <typename W>
 void launchCaptured(c10::DeviceIndex device, const char* name, HostChecks checks,
-                    std::unique_ptr<W> work) {
+                    std::unique_ptr<W> work, kselect::TeamKind team = kselect::TeamKind::kOpenMp) {
   Signature signature(checks);
   Elements elements;
   std::apply([&](const auto&... c) {
     (add_signature(signature, c), ...);
     (add_elements(elements, c), ...);
   }, work->captured());
-  const int threads = kselect::threadsFor(name, elements.bytes, elements.largest, *work);
+  const int threads = kselect::threadsFor(name, elements.bytes, elements.largest, *work, team);
   launchChecked(device, name, signature.hash, threads, std::move(work));
 }
 }  // namespace cpu_kernel
@@ -464,7 +540,11 @@ void launchFusibleCpuKernel(c10::DeviceIndex device, const char* name, cpu_kerne
     work->stream = current_rt_stream(device).id;
     work->free_mark = freeLogMark(device);
   }
-  cpu_kernel::launchCaptured(device, name, HostChecks::kMeta, std::move(work));
+  // A pointwise kernel's team is the compute team (FusibleCpuKernelWork::runSplit).
+  cpu_kernel::launchCaptured(device, name, HostChecks::kMeta, std::move(work),
+                             kind == cpu_kernel::FusionKind::kPointwise
+                                 ? kselect::TeamKind::kCompute
+                                 : kselect::TeamKind::kOpenMp);
 }
 
 }  // namespace at::axon
