@@ -410,6 +410,24 @@ const T& rows(const T& v, int64_t, int64_t, int64_t, int64_t) {
   return v;
 }
 
+// Whether an argument of runSplit's kernel is cut with the output: a tensor
+// that broadcasts to it (trailing dimensions equal or 1); other arguments.
+inline bool alignsWith(const at::Tensor& t, const at::Tensor& out) {
+  const int64_t off = out.dim() - t.dim();
+  if (off < 0) return false;
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    if (t.size(i) != 1 && t.size(i) != out.size(i + off)) return false;
+  }
+  return true;
+}
+inline bool alignsWith(const std::optional<at::Tensor>& t, const at::Tensor& out) {
+  return !t.has_value() || !t->defined() || alignsWith(*t, out);
+}
+template <typename T>
+bool alignsWith(const T&, const at::Tensor&) {
+  return true;
+}
+
 // On a stream worker (which drops warnings: kernels raised theirs at the call).
 inline bool onStreamWorker() { return c10::WarningUtils::get_warning_handler() == dropWarnings(); }
 
@@ -418,9 +436,11 @@ class FusibleCpuKernelWork final : public Work, public Fusible {
  public:
   using Captured = std::tuple<typename Capturing<A>::Type...>;
   FusibleCpuKernelWork(FusionKind k, const char* op, Fn fn, const A&... a)
-      : fn_(fn), captured_(Capturing<A>{a}...), pointwise_(k == FusionKind::kPointwise) {
+      : fn_(fn), captured_(Capturing<A>{a}...) {
     bool ok = true;
     std::apply([&](const auto&... c) { (collect_view(c, *this, ok), ...); }, captured_);
+    // Not with tensor lists (index.Tensor is a TensorIterator op, not pointwise).
+    splits_ = k == FusionKind::kPointwise && ok;
     if (ok && !views.empty()) {
       kind = k;
       name = op;
@@ -430,11 +450,11 @@ class FusibleCpuKernelWork final : public Work, public Fusible {
   }
   void run() override {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    if (pointwise_ && omp_get_max_threads() > 1 && onStreamWorker()) {
-      return runSplit(std::index_sequence_for<A...>{});
-    }
+    if (splits_ && omp_get_max_threads() > 1 && runSplit(std::index_sequence_for<A...>{})) return;
     call_on_host(fn_, captured_, std::index_sequence_for<A...>{});
   }
+  // Whether the team's runs split over the compute team (runSplit).
+  bool splits() const { return splits_; }
   void runMapped(c10::ArrayRef<at::Tensor> mapped) override {
     MappedViews m{mapped};
     // Braced initialisation: evaluated left to right, so views map in order.
@@ -447,53 +467,73 @@ class FusibleCpuKernelWork final : public Work, public Fusible {
 
  private:
   // A pointwise kernel given the team (the thread policy measured it so): its
-  // output's rows along one dimension split over the runtime's compute team,
-  // each part ATen's kernel alone on its thread (not on OpenMP's team, whose
-  // threads spin on the cores for milliseconds after each loop).  An output
-  // element depends only on the inputs' elements at its index, so any split
-  // computes the same values, up to the rounding of the few elements a part
-  // boundary moves between ATen's vectorised loop and its scalar tail (as
-  // ATen's own split over OpenMP's threads does).  Parts hold at least ATen's
-  // grain of elements.
+  // output's rows along one dimension in parts, each ATen's kernel alone on
+  // its thread, the parts spread over the runtime's compute team from a
+  // stream worker (not OpenMP's team, whose threads spin on the cores for
+  // milliseconds after each loop) and run one after another on the host (a
+  // new signature's first launch) or when the team is busy.  An output
+  // element depends only on the inputs' elements at its index, and the parts
+  // depend only on the output's shape and the thread count, so every run of
+  // a launch computes the same values (a part boundary may move an element
+  // between ATen's vectorised loop and its scalar tail, as ATen's own split
+  // over OpenMP's threads does: the CPU's values to within a rounding).  Parts
+  // hold at least ATen's grain of elements.  False (nothing ran) when an
+  // operand does not broadcast to the output.
   template <size_t... I>
-  void runSplit(std::index_sequence<I...>) {
+  bool runSplit(std::index_sequence<I...>) {
     SameViews same;
     auto args = std::make_tuple(host(std::get<I>(captured_), same)...);
-    const at::Tensor& out = std::get<sizeof...(A) - 1>(args);
-    const int threads = omp_get_max_threads();
-    int64_t dim = -1;
-    for (int64_t d = 0; d < out.dim(); ++d) {
-      if (out.size(d) >= threads) {
-        dim = d;
-        break;
+    const auto& out = std::get<sizeof...(A) - 1>(args);
+    if constexpr (!std::is_same_v<std::decay_t<decltype(out)>, at::Tensor>) {
+      return false;
+    } else {
+      if (!out.defined() || !(alignsWith(std::get<I>(args), out) && ...)) return false;
+      const int threads = omp_get_max_threads();
+      int64_t dim = -1;
+      for (int64_t d = 0; d < out.dim(); ++d) {
+        if (out.size(d) >= threads) {
+          dim = d;
+          break;
+        }
       }
+      if (dim < 0) return false;
+      const int64_t n = out.size(dim);
+      const int64_t inner = std::max<int64_t>(1, out.numel() / n);
+      const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / inner);
+      const int64_t per = std::max(grain, (n + 4 * threads - 1) / (4 * threads));
+      struct Ctx {
+        FusibleCpuKernelWork* self;
+        decltype(args)* all;
+        int64_t dim, out_dim, n, per;
+      } ctx{this, &args, dim, out.dim(), n, per};
+      const KernelThreadsScope alone(1);
+      auto parts = [](void* p, int64_t first, int64_t last) {
+        const Ctx& c = *static_cast<const Ctx*>(p);
+        const KernelThreadsScope one(1);
+        at::AutoDispatchBelowADInplaceOrView below;
+        for (int64_t k = first; k < last; ++k) {
+          const int64_t b = k * c.per, e = std::min(c.n, b + c.per);
+          auto part = std::make_tuple(rows(std::get<I>(*c.all), c.out_dim, c.dim, b, e)...);
+          std::apply(c.self->fn_, part);
+        }
+      };
+      const int64_t count = (n + per - 1) / per;
+      if (onStreamWorker()) {
+        ::axon::rt::team_parallel_for(threads, 0, count, 1, &ctx,
+                                      [](void* p, int64_t first, int64_t last) {
+          c10::WarningUtils::WarningHandlerGuard quiet(dropWarnings());
+          decltype(parts){}(p, first, last);
+        });
+      } else {
+        parts(&ctx, 0, count);
+      }
+      return true;
     }
-    const KernelThreadsScope alone(1);
-    if (dim < 0) {
-      std::apply(fn_, args);
-      return;
-    }
-    struct Ctx {
-      FusibleCpuKernelWork* self;
-      decltype(args)* all;
-      int64_t dim, out_dim;
-    } ctx{this, &args, dim, out.dim()};
-    const int64_t inner = std::max<int64_t>(1, out.numel() / out.size(dim));
-    const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / inner);
-    ::axon::rt::team_parallel_for(threads, 0, out.size(dim), grain, &ctx,
-                                  [](void* p, int64_t b, int64_t e) {
-      const Ctx& c = *static_cast<const Ctx*>(p);
-      const KernelThreadsScope one(1);
-      c10::WarningUtils::WarningHandlerGuard quiet(dropWarnings());
-      at::AutoDispatchBelowADInplaceOrView below;
-      auto part = std::make_tuple(rows(std::get<I>(*c.all), c.out_dim, c.dim, b, e)...);
-      std::apply(c.self->fn_, part);
-    });
   }
 
   Fn fn_;
   Captured captured_;
-  bool pointwise_;
+  bool splits_ = false;
 };
 
 }  // namespace at::axon::cpu_kernel
@@ -541,10 +581,9 @@ void launchFusibleCpuKernel(c10::DeviceIndex device, const char* name, cpu_kerne
     work->free_mark = freeLogMark(device);
   }
   // A pointwise kernel's team is the compute team (FusibleCpuKernelWork::runSplit).
-  cpu_kernel::launchCaptured(device, name, HostChecks::kMeta, std::move(work),
-                             kind == cpu_kernel::FusionKind::kPointwise
-                                 ? kselect::TeamKind::kCompute
-                                 : kselect::TeamKind::kOpenMp);
+  const kselect::TeamKind team =
+      work->splits() ? kselect::TeamKind::kCompute : kselect::TeamKind::kOpenMp;
+  cpu_kernel::launchCaptured(device, name, HostChecks::kMeta, std::move(work), team);
 }
 
 }  // namespace at::axon

@@ -407,3 +407,20 @@ def test_lcm_of_the_minimum_does_not_trap(dtype):
     # gcd(lo, hi) = gcd(lo, -hi) = -1 there: |lo * odd| wraps to lo
     assert got[0] == got[4] == lo
     assert out[0] == out[1] == out[2] == out[4] == lo
+
+
+def test_lcm_of_the_minimum_into_a_narrower_out():
+    """int64 lcm into an int32 out=: the int64 results cast as the kernel casts them
+    (its wrapped value for the trapping element, the CPU's for the others)."""
+    r = run_python("""
+        import json, torch
+        lo, hi = -2**63, 2**63 - 1
+        a, b = [lo, 12, -9], [hi, 18, 6]
+        out = torch.empty(3, dtype=torch.int32, device="axon")
+        torch.lcm(torch.tensor(a, device="axon"), torch.tensor(b, device="axon"), out=out)
+        cpu = torch.lcm(torch.tensor(a[1:]), torch.tensor(b[1:]), out=torch.empty(2, dtype=torch.int32))
+        print(json.dumps([out.cpu().tolist(), cpu.tolist()]))
+    """)
+    assert r.returncode == 0, r.stderr[-800:]
+    got, cpu = json.loads(r.stdout)
+    assert got == [0] + cpu  # -2**63 cast to int32 is 0

@@ -266,6 +266,8 @@ def test_pointwise_kernels_split_over_the_compute_team(dtype, isolated):
         "out_transposed": lambda x, y: torch.add(x, y, out=torch.empty(
             shape[::-1], dtype=x.dtype, device=x.device).t()),
     }
+    wide = make((1, 70001), dtype, seed=7)  # one row: the split is along dimension 1
+    cases["wide_rows"] = lambda x, y: torch.tanh(wide.to(x.device)) + row[:1].to(x.device)
     xa, ya = x.axon(), y.axon()
     for name, fn in cases.items():
         fn(xa, ya)  # the first launch runs at the call (a new signature)
@@ -275,6 +277,16 @@ def test_pointwise_kernels_split_over_the_compute_team(dtype, isolated):
         torch.axon.synchronize()
         assert _C._team_stats()["loops"] > before, name
         assert_same(got, fn(x, y))
+        # The parts depend only on the shape: every launch (the first, at the call,
+        # too) computes the same values.
+        first = fn(xa, ya).cpu()
+        assert torch.equal(fn(xa, ya).cpu(), first), name
+    # A TensorIterator op that is not pointwise (indexing: a list of index tensors)
+    # is not split.
+    table = make((4096, 64), dtype, seed=8)
+    idx = torch.randint(0, 4096, (4096,), generator=torch.Generator().manual_seed(9))
+    for _ in range(3):
+        assert_same(table.axon()[idx.axon()], table[idx])
     # An error raised in a part (integer division by zero) reaches the stream.
     a = torch.arange(64 * 2063, dtype=torch.int32).view(shape).axon()
     ones = torch.ones(shape, dtype=torch.int32, device="axon")

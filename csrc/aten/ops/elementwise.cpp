@@ -274,10 +274,12 @@ at::Tensor& lcm_out_no_trap(const at::Tensor& a, const at::Tensor& b, at::Tensor
     if (is_lowest.any().item<bool>()) {
       const at::Tensor trap = at::logical_and(is_lowest, at::gcd(a_t, b_t).eq(-1));
       if (trap.any().item<bool>()) {
-        at::cpu::lcm_outf(at::where(trap, at::ones_like(a_t), a_t), b_t, out);
+        // In the computation's dtype, then cast into out as the kernel would.
+        at::Tensor r = at::cpu::lcm(at::where(trap, at::ones_like(a_t), a_t), b_t);
         const at::Tensor odd = b_t.remainder(2).ne(0);
-        out.masked_fill_(at::logical_and(trap, odd), lowest);
-        return out.masked_fill_(at::logical_and(trap, odd.logical_not()), 0);
+        r.masked_fill_(at::logical_and(trap, odd), lowest);
+        r.masked_fill_(at::logical_and(trap, odd.logical_not()), 0);
+        return out.copy_(r);
       }
     }
   }

@@ -458,15 +458,19 @@ at::Tensor axon_linalg_eigvals(const at::Tensor& input) {
 // linalg.eigvals(out=): the same eigenvalues, into out (ATen's CPU out= form
 // skips that check too).
 at::Tensor& axon_linalg_eigvals_out(const at::Tensor& input, at::Tensor& out) {
-  at::Tensor values = std::get<0>(at::linalg_eig(input));
-  TORCH_CHECK(c10::canCast(values.scalar_type(), out.scalar_type()),
-              "torch.linalg.eigvals: Expected eigenvalues to be safely castable from ",
-              values.scalar_type(), " dtype, but got eigenvalues with dtype ",
-              out.scalar_type());
+  // ATen's checks of out first (before the decomposition); linalg_eig checks the input.
+  const c10::ScalarType t = input.scalar_type();
+  if (at::isFloatingType(t) || at::isComplexType(t)) {
+    TORCH_CHECK(c10::canCast(c10::toComplexType(t), out.scalar_type()),
+                "torch.linalg.eigvals: Expected eigenvalues to be safely castable from ",
+                c10::toComplexType(t), " dtype, but got eigenvalues with dtype ",
+                out.scalar_type());
+  }
   TORCH_CHECK(out.device() == input.device(),
               "torch.linalg.eigvals: Expected eigenvalues and input to be on the same device, "
               "but found eigenvalues on ", out.device(), " and input on ", input.device(),
               " instead.");
+  at::Tensor values = std::get<0>(at::linalg_eig(input));
   at::native::resize_output(out, values.sizes());
   return out.copy_(values);
 }

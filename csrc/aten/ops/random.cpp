@@ -225,17 +225,18 @@ at::Tensor binomial(const at::Tensor& count, const at::Tensor& prob,
   at::native::resize_output(out, shape);  // the warning, when the shapes differ
   return sampleInto("aten::binomial", out, gen, device,
                     [](const at::Tensor& c, const at::Tensor& p, const at::Generator& g) {
-                      // ATen's sampler never ends for a NaN count or probability
-                      // or an infinite count (its inversion loop waits for a sum
-                      // to exceed the count): the stream would hang.  Such
-                      // elements are NaN, or for a count of inf, inf (0 when
-                      // the probability is 0); the others sampled as the CPU's.
-                      const at::Tensor nan = at::isnan(c).logical_or_(at::isnan(p));
-                      const at::Tensor inf = at::isposinf(c);
+                      // ATen's sampler never ends for a NaN or infinite count
+                      // with a probability in (0, 1) (its inversion loop waits
+                      // for a sum to exceed the count): the stream would hang.
+                      // Such elements are NaN (count NaN) or inf; the others,
+                      // NaN probabilities included, are the CPU's.
+                      const at::Tensor inside = p.gt(0).logical_and_(p.lt(1));
+                      const at::Tensor nan = at::isnan(c).logical_and_(inside);
+                      const at::Tensor inf = at::isposinf(c).logical_and_(inside);
                       const at::Tensor bad = nan.logical_or(inf);
                       if (!bad.any().item<bool>()) return at::binomial(c, p, g);
-                      at::Tensor r = at::binomial(c.masked_fill(bad, 0), p.masked_fill(bad, 0), g);
-                      r.masked_fill_(inf.logical_and_(p.gt(0)), INFINITY);
+                      at::Tensor r = at::binomial(c.masked_fill(bad, 0), p, g);
+                      r.masked_fill_(inf, INFINITY);
                       return r.masked_fill_(nan, NAN);
                     }, count.expand(shape), prob.expand(shape));
 }
