@@ -11,24 +11,23 @@ namespace {
 using testing::Buffer;
 using testing::KernelTest;
 
-// dropout.h's rule, written out independently of the kernel's code.
-bool reference_keep(uint64_t seed, uint64_t offset, uint64_t index, double p) {
+// SplitMix64 number (offset + index) of the stream seeded with seed, written
+// out independently of the kernel's code.
+uint64_t reference_z(uint64_t seed, uint64_t offset, uint64_t index) {
   uint64_t z = seed + (offset + index + 1) * 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  const double q = p < 0 ? 0 : p > 1 ? 1 : p;
-  return double(z >> 40) >= std::round(q * 16777216.0);
+  return z ^ (z >> 31);
 }
 
-// dropout.h's Bernoulli rule, written out independently.
+double clamp01(double p) { return p < 0 ? 0 : p > 1 ? 1 : p; }
+
+// dropout.h's rules: dropout keeps, Bernoulli draws 1.
+bool reference_keep(uint64_t seed, uint64_t offset, uint64_t index, double p) {
+  return double(reference_z(seed, offset, index) >> 40) >= std::round(clamp01(p) * 16777216.0);
+}
 bool reference_draw(uint64_t seed, uint64_t offset, uint64_t index, double p) {
-  uint64_t z = seed + (offset + index + 1) * 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  const double q = p < 0 ? 0 : p > 1 ? 1 : p;
-  return double(z >> 32) < std::round(q * 4294967296.0);
+  return double(reference_z(seed, offset, index) >> 32) < std::round(clamp01(p) * 4294967296.0);
 }
 
 class Dropout : public KernelTest {};
