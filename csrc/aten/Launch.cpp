@@ -55,6 +55,7 @@ std::atomic<int64_t> checked_launches{0};
 
 void launchChecked(c10::DeviceIndex device, const char* name, uint64_t signature, int threads,
                    std::unique_ptr<Work> work) {
+  startComputeTeam();
   // A per-thread cache in front of the shared set: no lock on the hot path.
   // The last key seen is checked first (loops launch one kernel over and over).
   thread_local std::unordered_set<uint64_t> verified_here;

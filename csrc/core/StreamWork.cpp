@@ -199,7 +199,13 @@ void runWork(Work& w, int threads) {
 }
 }  // namespace
 
+void startComputeTeam() {
+  static const bool started = (rt::team_start(at::get_num_threads()), true);
+  (void)started;
+}
+
 void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> work, int threads) {
+  startComputeTeam();
   finished.release_if_at_least(kReleaseBatch);
   rt::Stream s = current_rt_stream(device);
   // The stream's task holds a plain pointer and an int, which std::function

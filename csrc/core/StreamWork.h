@@ -86,6 +86,10 @@ std::unique_ptr<Work> functionWork(std::function<void()> fn);
 // process (a string literal or an interned name); it labels asynchronous
 // errors.  `threads`: the most threads the kernel's parallel loops may use
 // (0: all).
+// Starts the runtime's compute team for ATen's thread count (runtime.h
+// team_start) on the first launch, so that its helpers are running when the
+// first loops and the thread policy's trials of them come.
+void startComputeTeam();
 void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> work,
             int threads = 0);
 void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn,

@@ -185,6 +185,10 @@ void team_parallel_for(int threads, int64_t begin, int64_t end, int64_t grain, v
   if (error) std::rethrow_exception(error);
 }
 
+void team_start(int threads) {
+  ensureHelpers(team(), std::min(threads, kMaxThreads) - 1);
+}
+
 TeamStats team_stats() noexcept {
   Team& t = team();
   TeamStats s;

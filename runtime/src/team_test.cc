@@ -99,6 +99,27 @@ TEST(Team, IdleHelpersSleep) {
   for (int64_t i = 0; i < 64; ++i) ASSERT_EQ(d.hits[i].load(), 1);
 }
 
+// team_start starts the helpers a team size needs, once: they sleep until a
+// loop comes, and a loop of that size uses them.
+TEST(Team, StartedHelpersWaitForLoops) {
+  team_start(1);  // no helper needed
+  team_start(3);
+  const int helpers = team_stats().helpers;
+  EXPECT_GE(helpers, 2);
+  team_start(3);
+  team_start(2);
+  EXPECT_EQ(team_stats().helpers, helpers);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (team_stats().sleeping < helpers && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(team_stats().sleeping, helpers);
+  Coverage c(96);
+  c.end = 96;
+  team_parallel_for(3, 0, 96, 1, &c, cover);
+  for (int64_t i = 0; i < 96; ++i) ASSERT_EQ(c.hits[i].load(), 1);
+}
+
 struct Nest {
   std::atomic<int64_t> sum{0};
   std::atomic<int> inner_threads_seen_parallel{0};

@@ -520,6 +520,12 @@ using TeamBody = void (*)(void* ctx, int64_t begin, int64_t end);
 // the other chunks still run).
 void team_parallel_for(int threads, int64_t begin, int64_t end, int64_t grain, void* ctx,
                        TeamBody body);
+// Starts the helpers a team of `threads` needs, if not started yet (they
+// sleep until a loop comes).  A new thread may wait milliseconds for the
+// scheduler to move it off its creator's busy core: started when the device
+// is first used, the helpers are running by the time its first loops (and the
+// thread policy's trials of them) come.
+void team_start(int threads);
 struct TeamStats {
   int helpers = 0;            // helper threads started
   int sleeping = 0;           // of them, asleep now
