@@ -8,7 +8,9 @@ Kernels: F.linear of decoding's few rows (1 and 8 rows by 512 -> 1408, 1 row by 
 the lm_head) and of a training step's 2048 rows (512 -> 1408: the float32 GEMM), F.rms_norm (with weight), torch.softmax(dim=-1), F.scaled_dot_product_attention
 (causal prefill, and a q_len=1 decode step), F.dropout (training, p=0.1; its random
 numbers differ between the devices, so the check compares the fraction kept), forward
-and forward+backward; and one
+and forward+backward; ATen's pointwise kernels x + y, gelu(tanh) and silu on dropout's
+shape (run as device work on the worker or the compute team, as the thread policy
+measured); and one
 torch.optim.AdamW step over parameters shaped like the ~56M-parameter Llama of
 generate.py / train_step.py (fused=True, foreach=True, and the torch default, which is
 the per-tensor for-loop on cpu and foreach on axon).
@@ -171,6 +173,21 @@ def build_cases(a) -> list[Case]:
                 # out and mask written; the backward reads grad and mask, writes grad
                 "GB/s", (2 * x_bytes + numel) + ((2 * x_bytes + numel) if bwd else 0),
                 compare=lambda out: torch.stack([(t != 0).double().mean() for t in _flat(out)])))
+    # ATen's pointwise kernels (no kernel of ours: the thread policy decides between the
+    # stream worker and the compute team), on the dropout input's shape.
+    for dt in dtypes:
+        x_bytes = math.prod(d_shape) * (torch.finfo(dt).bits // 8)
+        cases.append(Case(
+            "x + y (ATen)", str(list(d_shape)), dt, "fwd",
+            _fwd_or_bwd(lambda x, y: x + y, [(d_shape, dt, False)] * 2, False, a.seed),
+            "GB/s", 3 * x_bytes))
+        for name, fn in (("gelu(tanh) (ATen)", lambda x: F.gelu(x, approximate="tanh")),
+                         ("silu (ATen)", F.silu)):
+            for bwd in (False, True):
+                cases.append(Case(
+                    name, str(list(d_shape)), dt, "fwd+bwd" if bwd else "fwd",
+                    _fwd_or_bwd(fn, [(d_shape, dt, True)], bwd, a.seed),
+                    "GB/s", (5 if bwd else 2) * x_bytes))
     shapes = C.llama_param_shapes(**adamw_dims(a))
     numel = sum(math.prod(s) for s in shapes)
     for mode in ("fused", "foreach", "default"):
