@@ -1518,8 +1518,13 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
     return threads;
   }
   t->source = Source::kPending;
-  // A trial: the side issued less often so far, timed on the worker.
-  const int side = t->issued[0] <= t->issued[1] ? 0 : 1;
+  // A trial: the side issued less often so far, timed on the worker.  On the
+  // compute team, two team runs in a row (worker, team, team, ...): the
+  // second finds the helpers awake, as a kernel that runs on the team among
+  // others does (after a run on the worker alone they sleep, and waking them
+  // can cost the whole of a short kernel); the minimum of its times counts.
+  const int side = t->team == TeamKind::kCompute ? (t->issued[1] < 2 * t->issued[0] ? 1 : 0)
+                                                 : (t->issued[0] <= t->issued[1] ? 0 : 1);
   ++t->issued[side];
   t->runs[side].fetch_add(1, std::memory_order_relaxed);
   work.timed = t;

@@ -37,7 +37,7 @@ def test_trials_decide_and_results_match(isolated):
     torch.ops.axon._set_kernel_threads("auto")
     x, y = make((N,), torch.float32, seed=1), make((N,), torch.float32, seed=2)
     xa, ya = x.axon(), y.axon()
-    launches = 12
+    launches = 16  # the compute team's trials: worker, team, team, ...; 4 worker runs
     for _ in range(launches):
         assert_same(xa * ya, x * y)
     [row] = rows("aten::mul.Tensor")
@@ -60,7 +60,7 @@ def test_our_kernels_are_measured_for_the_compute_team(isolated):
     g = make((512, 512), torch.float32, seed=6)
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     torch.nn.functional.rms_norm(xr, (512,), wr, 1e-6).backward(g)
-    launches = 12
+    launches = 16  # the compute team's trials: worker, team, team, ...; 4 worker runs
     for _ in range(launches):
         xa, wa = x.axon().requires_grad_(), w.axon().requires_grad_()
         torch.nn.functional.rms_norm(xa, (512,), wa, 1e-6).backward(g.axon())
@@ -75,8 +75,9 @@ def test_our_kernels_are_measured_for_the_compute_team(isolated):
 @pytest.mark.parametrize("mode", ["worker", "team", "auto"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_in_place_ops_run_once_whichever_side(mode, dtype, isolated):
-    """Trials alternate sides between launches; no launch runs twice (add_ would add twice).
-    (The first launch of a signature runs at the call, untimed: 3 timed runs a side take 8.)"""
+    """Trials alternate sides between launches (on the compute team: worker, team, team);
+    no launch runs twice (add_ would add twice). The first launch of a signature runs at
+    the call, untimed."""
     torch.ops.axon._set_kernel_threads(mode)
     x = make((N // 2, 2), dtype, seed=3)
     xa = x.axon()
@@ -110,7 +111,7 @@ def _neg_entry(monkeypatch, seed):
     torch.ops.axon._set_kernel_threads("auto")
     path = torch.ops.axon._kernel_select_path()
     x = make((N,), torch.float32, seed=seed).axon()
-    for _ in range(10):
+    for _ in range(16):
         x.neg()
     torch.axon.synchronize()
     torch.ops.axon._kernel_select_save()
@@ -169,7 +170,7 @@ def test_close_calls_from_few_measurements_are_tried_again(monkeypatch, isolated
                                                      (1, 1e6, "loaded", 1)):
         entry.update(threads="worker", worker_us=worker_us, team_us=300.0,
                      measurements=measurements)
-        row = _rerun_with(path, data, x, 10)
+        row = _rerun_with(path, data, x, 16)
         assert row[3] == source and row[8] == samples
         if source == "loaded":  # as the file says
             assert (row[4], row[5]) == (worker_us, 300.0)
@@ -179,7 +180,7 @@ def test_close_calls_from_few_measurements_are_tried_again(monkeypatch, isolated
 def test_env_forces_a_side_and_bad_value_warns():
     code = ("import torch, torch_axon\n"
             f"x = torch.randn({N}, device='axon')\n"
-            "for _ in range(10): x.exp()\n"
+            "for _ in range(16): x.exp()\n"
             "torch.axon.synchronize()\n"
             "print([r[2:4] + r[6:8] for r in torch_axon._C._thread_policy_table()\n"
             "       if r[0] == 'aten::exp'])\n")
@@ -192,7 +193,7 @@ def test_env_forces_a_side_and_bad_value_warns():
                           "(expected worker, team or auto); using auto") == 1
     if TEAM:
         [(threads, source, worker, team)] = eval(r.stdout.strip())
-        assert source == "measured" and worker + team == 10
+        assert source == "measured" and worker + team == 16
 
 
 def test_worker_team_size_is_what_the_launch_asked():
