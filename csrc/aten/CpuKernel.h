@@ -506,7 +506,6 @@ class FusibleCpuKernelWork final : public Work, public Fusible {
         decltype(args)* all;
         int64_t dim, out_dim, n, per;
       } ctx{this, &args, dim, out.dim(), n, per};
-      const KernelThreadsScope alone(1);
       auto parts = [](void* p, int64_t first, int64_t last) {
         const Ctx& c = *static_cast<const Ctx*>(p);
         const KernelThreadsScope one(1);

@@ -233,6 +233,12 @@ at::Tensor& relu_(at::Tensor& self) {
   return self;
 }
 
+// The minimum of int32 or int64 (t), the dividend whose quotient by -1 traps.
+at::Scalar intMinimum(c10::ScalarType t) {
+  return t == at::kInt ? at::Scalar(std::numeric_limits<int32_t>::min())
+                       : at::Scalar(std::numeric_limits<int64_t>::min());
+}
+
 // div.out_mode's kernel on host views.  Rounding toward zero, the int32 or
 // int64 minimum divided by -1 overflows, and the CPU's kernel traps (SIGFPE),
 // which would kill the process from the stream worker.  A device does not
@@ -244,9 +250,7 @@ at::Tensor& div_out_mode_no_trap(const at::Tensor& a, const at::Tensor& b,
   if (mode.has_value() && *mode == "trunc") {
     const c10::ScalarType t = at::result_type(a, b);
     if (t == at::kInt || t == at::kLong) {
-      const at::Scalar lowest = t == at::kInt
-                                    ? at::Scalar(std::numeric_limits<int32_t>::min())
-                                    : at::Scalar(std::numeric_limits<int64_t>::min());
+      const at::Scalar lowest = intMinimum(t);
       // Compare in the type the kernel computes in: a wrapped 2**31 or an int64
       // operand may become the minimum only after the cast, and a uint8 255 is
       // not -1 there.
@@ -267,8 +271,7 @@ at::Tensor& div_out_mode_no_trap(const at::Tensor& a, const at::Tensor& b,
 at::Tensor& lcm_out_no_trap(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   const c10::ScalarType t = at::result_type(a, b);
   if (t == at::kInt || t == at::kLong) {
-    const at::Scalar lowest = t == at::kInt ? at::Scalar(std::numeric_limits<int32_t>::min())
-                                            : at::Scalar(std::numeric_limits<int64_t>::min());
+    const at::Scalar lowest = intMinimum(t);
     const at::Tensor a_t = a.to(t), b_t = b.to(t);
     const at::Tensor is_lowest = a_t.eq(lowest);
     if (is_lowest.any().item<bool>()) {
