@@ -312,6 +312,18 @@ def sync(device: str) -> None:
         torch.axon.synchronize(device)
 
 
+# A pause before each side's measurement: after a CPU op, OpenMP's threads (libgomp's) spin on
+# the cores for milliseconds waiting for the next parallel region, and a side measured right
+# after another would share the cores with them (measured 2026-12-04 on a 2-core AMD EPYC: axon's
+# x + y [8, 256, 768] ran at 0.8x the CPU's right after the CPU's calls, 1.0x after this pause).
+SETTLE_S = 0.02
+
+
+def settle() -> None:
+    """Lets the previous measurement's threads (OpenMP's spinning workers, axon's team) go idle."""
+    time.sleep(SETTLE_S)
+
+
 def timed(fn: Callable[[], object], device: str) -> float:
     """Seconds for fn(), with the device drained before the clock starts and stops."""
     sync(device)
@@ -324,6 +336,7 @@ def timed(fn: Callable[[], object], device: str) -> float:
 def time_per_call(fn: Callable[[], object], device: str, iters: int, warmup: int = 0) -> float:
     """Seconds per call of ``iters`` calls of fn in a row, after ``warmup`` untimed calls; the
     device is drained before the clock starts and before it stops."""
+    settle()
     for _ in range(warmup):
         fn()
     sync(device)
@@ -338,13 +351,14 @@ def alternate(measure: Callable[[str, int], object], repeats: int, devices: Sequ
               fallback: FallbackCounter | None = None,
               progress: Callable[[int, dict], None] | None = None) -> dict[str, list]:
     """``repeats`` rounds of measure(device, round) for each device in turn (cpu, axon, cpu, axon, ...),
-    so that a shared machine's drifts hit every device alike; the lists of results per device
+    each after ``settle()``, so that a shared machine's drifts hit every device alike; the lists of results per device
     (take their median). ``devices`` may name other variants measured in turn (eager and
     compiled). Axon measurements run inside ``fallback`` when given, which counts the ops
     that ran through the CPU fallback; progress(round, results) after each round."""
     out: dict[str, list] = {d: [] for d in devices}
     for r in range(repeats):
         for d in devices:
+            settle()
             with fallback if (fallback is not None and device_of(d) == "axon") else contextlib.nullcontext():
                 out[d].append(measure(d, r))
         if progress is not None:

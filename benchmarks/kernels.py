@@ -250,6 +250,7 @@ def run_case(case: Case, a) -> None:
 
     calls = {v: _with_mode(v, case.make(_device(v))) for v in vs}
     for v in vs:  # first calls (lazy state such as AdamW's, auto's measurement) outside the counts
+        C.settle()
         for _ in range(max(1, a.warmup)):
             calls[v]()
         C.sync(_device(v))

@@ -73,6 +73,13 @@ constexpr double kSaveIntervalS = 1.0;
 // close call for good.
 constexpr int kConfirmations = 3;
 constexpr double kCloseCall = 1.5;
+// A thread policy entry of the compute team (whose sides compute the same
+// values) decided by such a close call is measured again in the same
+// process once it has run kRecheckRuns more times: a transient slowdown of
+// one side (a helper the scheduler left on the caller's core, a vCPU the
+// hypervisor paused) during the few trial runs does not decide a
+// long-running process's choice.
+constexpr int64_t kRecheckRuns = 128;
 // Times at or above this are failures (infinity, written to the file as 1e300).
 constexpr double kFailedTime = 1e299;
 
@@ -345,6 +352,8 @@ struct ThreadEntry final : TimedRun, ThreadsAtRun {
   bool confirm = false;
   int prior_samples = 0;
   double prior[2] = {-1, -1};
+  // Runs (both sides) at which a close call is measured again (kRecheckRuns); 0: never.
+  std::atomic<int64_t> recheck_at{0};
   // Agreement: the job's threads (1 or 0), -1 while not known; `deciding`
   // while the trials' choice is being agreed.
   int agreed = -1;
@@ -1409,6 +1418,10 @@ void ThreadEntry::record(int threads, double us) {
     if (agreementOn()) agreed = a;
   }
   source = Source::kMeasured;
+  recheck_at = team == TeamKind::kCompute && !job_trial && samples < kConfirmations &&
+                       closeCall(team, best[0], best[1])
+                   ? runs[0].load() + runs[1].load() + kRecheckRuns
+                   : 0;
   dirty = true;
   bump();
   decided.notify_all();
@@ -1457,9 +1470,13 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
   CachedThreads& slot =
       threads_cache[((reinterpret_cast<uintptr_t>(name) >> 3) * 31 + cls) % kCacheSlots];
   if (slot.name == name && slot.elements == cls && slot.generation == gen) {
-    const int t = slot.threads;
-    slot.entry->runs[t == 1 ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
-    return t;
+    ThreadEntry& e = *slot.entry;
+    const int64_t recheck = e.recheck_at.load(std::memory_order_relaxed);
+    if (recheck == 0 || e.runs[0].load(std::memory_order_relaxed) +
+                                e.runs[1].load(std::memory_order_relaxed) < recheck) {
+      e.runs[slot.threads == 1 ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+      return slot.threads;
+    }
   }
   if (!on_worker) maybeSave();
   std::unique_lock<std::mutex> g(table_mutex);
@@ -1474,6 +1491,23 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
     if (it != file_threads.end()) adoptFileEntry(*slot_entry, it->second);
   }
   ThreadEntry* const t = slot_entry;
+  const int64_t recheck = t->recheck_at.load(std::memory_order_relaxed);
+  if (recheck > 0 && t->source == Source::kMeasured && t->runs[0] + t->runs[1] >= recheck &&
+      !agreementOn()) {  // a job's ranks keep the choice they agreed
+    // A close call measured again (kRecheckRuns), merged with the earlier
+    // measurements as a later process would.
+    t->recheck_at = 0;
+    t->confirm = true;
+    t->prior_samples = t->samples;
+    t->prior[0] = t->best[0];
+    t->prior[1] = t->best[1];
+    t->best[0] = t->best[1] = -1;
+    t->timed[0] = t->timed[1] = 0;
+    t->issued[0] = t->issued[1] = 0;
+    t->untimed = 0;
+    t->source = Source::kUnmeasured;  // to the trials below
+    bump();  // cached choices (every thread's) come here
+  }
   if (!on_worker && agreementOn()) {
     // Agreement (not from a worker: its fused runs split rows, which rounds
     // the same on any threads).  As chooseTrialInJob: the key's first
@@ -1684,6 +1718,7 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
       t->runs[1] = 0;
       t->samples = 0;
       t->confirm = false;
+      t->recheck_at = 0;
     }
     forgetAgreedLocked();  // and bumps
     file_threads.clear();

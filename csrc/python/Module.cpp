@@ -176,6 +176,7 @@ PYBIND11_MODULE(_C, m) {
     d["loops"] = s.loops;
     d["serial_loops"] = s.serial_loops;
     d["helper_chunks"] = s.helper_chunks;
+    d["helper_moves"] = s.helper_moves;
     return d;
   });
   // The axon kernel registrations (aten/Registry.h): (op, dispatch key, path,

@@ -10,6 +10,11 @@
 #include <thread>
 #include <vector>
 
+#ifdef __linux__
+#include <pthread.h>
+#include <sched.h>
+#endif
+
 #include "axon/runtime.h"
 
 namespace axon::rt {
@@ -193,6 +198,70 @@ TEST(Team, ExceptionsReachTheCallerAndOtherChunksRun) {
   c.end = 16;
   EXPECT_NO_THROW(team_parallel_for(2, 0, 16, 1, &c, cover));
 }
+
+#ifdef __linux__
+// A helper never runs its chunks on the core of the loop's caller: woken
+// while every core is busy (here the caller's, and the other one by a
+// spinning thread), the scheduler may place it there, where it would run
+// only when the caller is preempted; it moves to a core no member holds.
+struct Placement {
+  std::thread::id caller;
+  std::atomic<int> helper_chunks{0}, on_callers_core{0};
+  int caller_cpu = -1;
+};
+
+void place(void* ctx, int64_t, int64_t) {
+  auto& p = *static_cast<Placement*>(ctx);
+  if (std::this_thread::get_id() != p.caller) {
+    p.helper_chunks.fetch_add(1);
+    if (sched_getcpu() == p.caller_cpu) p.on_callers_core.fetch_add(1);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
+TEST(Team, HelpersLeaveTheCallersCore) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < 64; ++c) {
+    if (CPU_ISSET(c, &all)) cpus.push_back(c);
+  }
+  if (cpus.size() < 2) GTEST_SKIP() << "one core: the helpers share it with the caller";
+  team_start(2);  // helpers with this thread's (unpinned) affinity
+  const auto pin = [](int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0;
+  };
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {  // keeps the other core busy
+    if (!pin(cpus[1])) return;
+    while (!stop.load(std::memory_order_relaxed)) {
+    }
+  });
+  ASSERT_TRUE(pin(cpus[0]));
+  Placement p;
+  p.caller = std::this_thread::get_id();
+  p.caller_cpu = cpus[0];
+  const TeamStats before = team_stats();
+  for (int loop = 0; loop < 100; ++loop) {
+    team_parallel_for(2, 0, 8, 1, &p, place);
+    // Long enough that the helper goes to sleep and is woken by the next loop.
+    std::this_thread::sleep_for(std::chrono::microseconds(300));
+  }
+  stop = true;
+  busy.join();
+  ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(all), &all), 0);
+  EXPECT_EQ(p.on_callers_core.load(), 0) << "of " << p.helper_chunks.load() << " helper chunks";
+  EXPECT_GT(p.helper_chunks.load(), 0);
+  // Moved as often as a helper found itself on the caller's core (the scheduler decides).
+  EXPECT_GE(team_stats().helper_moves, before.helper_moves);
+}
+#endif
 
 }  // namespace
 }  // namespace axon::rt

@@ -532,6 +532,7 @@ struct TeamStats {
   uint64_t loops = 0;         // loops run on the team
   uint64_t serial_loops = 0;  // loops run serially (team busy, nested, one chunk)
   uint64_t helper_chunks = 0; // chunks helpers ran
+  uint64_t helper_moves = 0;  // helpers that moved off a core another member held
 };
 TeamStats team_stats() noexcept;
 
