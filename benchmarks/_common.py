@@ -316,6 +316,10 @@ def sync(device: str) -> None:
 # the cores for milliseconds waiting for the next parallel region, and a side measured right
 # after another would share the cores with them (measured 2026-12-04 on a 2-core AMD EPYC: axon's
 # x + y [8, 256, 768] ran at 0.8x the CPU's right after the CPU's calls, 1.0x after this pause).
+# Not for ops below OpenMP's grain (op_overhead.py: no OpenMP thread spins after them): after a
+# pause there, axon's x * x took 2.3 instead of 1.4 us per op over 3000 ops, in most runs on the
+# same machine (host thread and stream worker on one core, or the idle vCPUs placed elsewhere:
+# not understood yet).
 SETTLE_S = 0.02
 
 
@@ -333,10 +337,12 @@ def timed(fn: Callable[[], object], device: str) -> float:
     return time.perf_counter() - t
 
 
-def time_per_call(fn: Callable[[], object], device: str, iters: int, warmup: int = 0) -> float:
+def time_per_call(fn: Callable[[], object], device: str, iters: int, warmup: int = 0,
+                  settled: bool = True) -> float:
     """Seconds per call of ``iters`` calls of fn in a row, after ``warmup`` untimed calls; the
     device is drained before the clock starts and before it stops."""
-    settle()
+    if settled:
+        settle()
     for _ in range(warmup):
         fn()
     sync(device)
@@ -349,16 +355,18 @@ def time_per_call(fn: Callable[[], object], device: str, iters: int, warmup: int
 
 def alternate(measure: Callable[[str, int], object], repeats: int, devices: Sequence[str] = DEVICES,
               fallback: FallbackCounter | None = None,
-              progress: Callable[[int, dict], None] | None = None) -> dict[str, list]:
+              progress: Callable[[int, dict], None] | None = None,
+              settled: bool = True) -> dict[str, list]:
     """``repeats`` rounds of measure(device, round) for each device in turn (cpu, axon, cpu, axon, ...),
-    each after ``settle()``, so that a shared machine's drifts hit every device alike; the lists of results per device
-    (take their median). ``devices`` may name other variants measured in turn (eager and
+    each after ``settle()`` unless not ``settled``, so that a shared machine's drifts hit every
+    device alike; the lists of results per device (take their median). ``devices`` may name other variants measured in turn (eager and
     compiled). Axon measurements run inside ``fallback`` when given, which counts the ops
     that ran through the CPU fallback; progress(round, results) after each round."""
     out: dict[str, list] = {d: [] for d in devices}
     for r in range(repeats):
         for d in devices:
-            settle()
+            if settled:
+                settle()
             with fallback if (fallback is not None and device_of(d) == "axon") else contextlib.nullcontext():
                 out[d].append(measure(d, r))
         if progress is not None:

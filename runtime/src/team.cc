@@ -21,10 +21,10 @@
 
 #ifdef __linux__
 #include <pthread.h>
-#include <sched.h>
 #endif
 
 #include "axon/runtime.h"
+#include "placement.h"
 #include "spin.h"
 
 namespace axon::rt {
@@ -36,14 +36,6 @@ namespace {
 // helper ~10-50 us.  Spinning longer takes that time from the host's thread
 // when it shares the core.
 constexpr auto kHelperSpin = std::chrono::microseconds(40);
-// A helper that joins a loop on a core another member of the team holds (a
-// woken thread is often placed on its waker's core, or stays on the core of
-// a thread that was busy when it woke) runs its chunks only when that member
-// is preempted: the loop then takes as long as on the caller alone.  Such a
-// helper moves to a core the loop's other members do not hold (for the
-// loop; its affinity is restored before it waits for the next one).  Cores
-// numbered from kMaxTrackedCpus on are not tracked.
-constexpr int kMaxTrackedCpus = 64;
 // Chunks per thread: a helper that starts late (woken, or sharing its core
 // with the host) leaves its later chunks to the caller.
 constexpr int64_t kChunksPerThread = 4;
@@ -69,7 +61,9 @@ struct Team {
   std::mutex error_mutex;
   std::exception_ptr error;
 
-  std::atomic<uint64_t> cpus_held{0};  // bit c: a member of the current loop runs on core c
+  // Bit c: a member of the current loop runs on core c (placement.h: a
+  // helper woken onto a member's core moves off it for the loop).
+  std::atomic<uint64_t> cpus_held{0};
 
   std::atomic<uint64_t> loops{0}, serial_loops{0}, helper_chunks{0}, helper_moves{0};
 };
@@ -113,64 +107,16 @@ int64_t runChunks(Team& t, uint32_t gen) {
   }
 }
 
-// The bit of the core this thread runs on, or 0 when not known/tracked.
-uint64_t currentCpuBit() {
-#ifdef __linux__
-  const int cpu = sched_getcpu();
-  if (cpu >= 0 && cpu < kMaxTrackedCpus) return uint64_t{1} << cpu;
-#endif
-  return 0;
-}
-
 // A helper's place in a loop: claims its core in the loop's `cpus_held`; on a
-// core another member holds, moves (for the loop) to a core of its affinity
-// that none holds, if there is one.
-class HelperPlace {
- public:
-  HelperPlace() {
-#ifdef __linux__
-    CPU_ZERO(&allowed_);
-    if (sched_getaffinity(0, sizeof(allowed_), &allowed_) == 0) {
-      for (int c = 0; c < kMaxTrackedCpus && c < CPU_SETSIZE; ++c) {
-        if (CPU_ISSET(c, &allowed_)) mask_ |= uint64_t{1} << c;
-      }
-    }
-#endif
-  }
-  void join(Team& t) {
-    const uint64_t bit = currentCpuBit();
-    if (bit == 0) return;
-    const uint64_t held = t.cpus_held.fetch_or(bit, std::memory_order_acq_rel);
-    if ((held & bit) == 0) return;
-#ifdef __linux__
-    const uint64_t free = mask_ & ~held;
-    if (free == 0) return;
-    cpu_set_t to;
-    CPU_ZERO(&to);
-    for (int c = 0; c < kMaxTrackedCpus; ++c) {
-      if (free & (uint64_t{1} << c)) CPU_SET(c, &to);
-    }
-    if (sched_setaffinity(0, sizeof(to), &to) != 0) return;  // runs the move at once
-    moved_ = true;
-    t.helper_moves.fetch_add(1, std::memory_order_relaxed);
-    t.cpus_held.fetch_or(currentCpuBit(), std::memory_order_acq_rel);
-#endif
-  }
-  void leave() {
-#ifdef __linux__
-    if (!moved_) return;
-    moved_ = false;
-    sched_setaffinity(0, sizeof(allowed_), &allowed_);
-#endif
-  }
-
- private:
-#ifdef __linux__
-  cpu_set_t allowed_;
-#endif
-  uint64_t mask_ = 0;
-  bool moved_ = false;
-};
+// core another member holds, moves to one none holds, if any (placement.h).
+void joinLoop(Team& t) {
+  const uint64_t bit = current_cpu_bit();
+  if (bit == 0) return;
+  const uint64_t held = t.cpus_held.fetch_or(bit, std::memory_order_acq_rel);
+  if ((held & bit) == 0 || !move_off(held)) return;
+  t.helper_moves.fetch_add(1, std::memory_order_relaxed);
+  t.cpus_held.fetch_or(current_cpu_bit(), std::memory_order_acq_rel);
+}
 
 void helperMain(Team& t, int index) {
 #ifdef __linux__
@@ -178,7 +124,6 @@ void helperMain(Team& t, int index) {
   pthread_setname_np(pthread_self(), ("axon-team" + std::to_string(index + 1)).substr(0, 15).c_str());
 #endif
   in_team_loop = true;  // a loop nested in a chunk runs serially
-  HelperPlace place;
   uint32_t seen = t.generation.load(std::memory_order_acquire);
   for (;;) {
     uint32_t gen = t.generation.load(std::memory_order_acquire);
@@ -189,7 +134,6 @@ void helperMain(Team& t, int index) {
         spin_pause();
         if (++n % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
       }
-      place.leave();
       while (gen == seen) {
         t.sleeping.fetch_add(1, std::memory_order_seq_cst);
         t.generation.wait(seen, std::memory_order_seq_cst);
@@ -202,7 +146,7 @@ void helperMain(Team& t, int index) {
     // Not for a loop whose chunks are all claimed (a late wake).
     const uint64_t tk = t.ticket.load(std::memory_order_acquire);
     if (static_cast<uint32_t>(tk >> 32) != gen || (tk & 0xffff) >= ((tk >> 16) & 0xffff)) continue;
-    place.join(t);
+    joinLoop(t);
     const int64_t ran = runChunks(t, gen);
     if (ran > 0) t.helper_chunks.fetch_add(ran, std::memory_order_relaxed);
   }
@@ -246,7 +190,7 @@ void team_parallel_for(int threads, int64_t begin, int64_t end, int64_t grain, v
   t.body = body;
   t.participants.store(threads - 1, std::memory_order_relaxed);
   t.remaining.store(chunks, std::memory_order_relaxed);
-  t.cpus_held.store(currentCpuBit(), std::memory_order_relaxed);
+  t.cpus_held.store(current_cpu_bit(), std::memory_order_relaxed);
   const uint32_t gen = t.generation.load(std::memory_order_relaxed) + 1;
   t.ticket.store(ticketOf(gen, chunks, 0), std::memory_order_release);
   t.generation.store(gen, std::memory_order_seq_cst);
