@@ -337,12 +337,9 @@ def timed(fn: Callable[[], object], device: str) -> float:
     return time.perf_counter() - t
 
 
-def time_per_call(fn: Callable[[], object], device: str, iters: int, warmup: int = 0,
-                  settled: bool = True) -> float:
+def time_per_call(fn: Callable[[], object], device: str, iters: int, warmup: int = 0) -> float:
     """Seconds per call of ``iters`` calls of fn in a row, after ``warmup`` untimed calls; the
     device is drained before the clock starts and before it stops."""
-    if settled:
-        settle()
     for _ in range(warmup):
         fn()
     sync(device)

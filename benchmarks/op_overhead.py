@@ -40,7 +40,7 @@ def main() -> None:
     for name, fn in CASES.items():
         def measure(device: str, r: int) -> float:
             x = torch.randn(1024, device=device)
-            return C.time_per_call(lambda: fn(x), device, args.iters, warmup=100, settled=False)
+            return C.time_per_call(lambda: fn(x), device, args.iters, warmup=100)
         # no pause between sides (C.settle): these ops are below OpenMP's grain
         times = C.alternate(measure, args.repeats, settled=False)
         c, a = C.median(times["cpu"]) * 1e6, C.median(times["axon"]) * 1e6

@@ -293,7 +293,8 @@ void launchOn(AxonKernelFn fn, const char* interned, c10::DeviceIndex device,
   auto work = std::make_unique<CustomKernelWork>(fn, interned, device, std::move(views),
                                                  std::move(ints), std::move(floats));
   const int threads =
-      kselect::threadsFor(interned, size.bytes, size.largest, *work, kselect::TeamKind::kCompute);
+      kselect::threadsFor(interned, size.bytes, size.largest, *work, kselect::TeamKind::kCompute,
+                          /*on_worker=*/false, /*remeasure=*/false);  // it sees num_threads
   launchChecked(device, interned, signature.hash, threads, std::move(work));
 }
 

@@ -73,11 +73,13 @@ constexpr double kSaveIntervalS = 1.0;
 // close call for good.
 constexpr int kConfirmations = 3;
 constexpr double kCloseCall = 1.5;
-// A thread policy entry of the compute team (whose sides compute the same
-// values) decided by such a close call is measured again in the same
-// process once it has run kRecheckRuns more times: a transient slowdown of
-// one side (a helper the scheduler left on the caller's core, a vCPU the
-// hypervisor paused) during the few trial runs does not decide a
+// A thread policy entry of the compute team whose values do not depend on
+// the thread count but for rounding (ours, which split by shape; ATen's
+// pointwise kernels in parts; not user kernels) decided by such a close call
+// is measured again in the same process once it has run kRecheckRuns more
+// times, each measurement counting towards kConfirmations: a transient
+// slowdown of one side (a helper the scheduler left on the caller's core, a
+// vCPU the hypervisor paused) during the few trial runs does not decide a
 // long-running process's choice.
 constexpr int64_t kRecheckRuns = 128;
 // Times at or above this are failures (infinity, written to the file as 1e300).
@@ -352,8 +354,13 @@ struct ThreadEntry final : TimedRun, ThreadsAtRun {
   bool confirm = false;
   int prior_samples = 0;
   double prior[2] = {-1, -1};
-  // Runs (both sides) at which a close call is measured again (kRecheckRuns); 0: never.
+  // Runs (both sides) at which a close call is measured again (kRecheckRuns);
+  // 0: never.  `remeasured`: the kernel's values do not depend on its thread
+  // count (threadsFor's `remeasure`); `rechecking`: its trials now are such a
+  // measurement (save() writes the earlier one, `prior`, meanwhile).
   std::atomic<int64_t> recheck_at{0};
+  bool remeasured = false;
+  bool rechecking = false;
   // Agreement: the job's threads (1 or 0), -1 while not known; `deciding`
   // while the trials' choice is being agreed.
   int agreed = -1;
@@ -633,9 +640,16 @@ void save() {
       all[k] = FileEntry{k, e->auto_variant, e->us, e->samples};
     }
     for (const auto& [k, t] : thread_entries) {
-      if (!known(t->source)) continue;
+      if (!known(t->source) && !t->rechecking) continue;
       const std::string key = fileThreadKey(t->kernel, t->elements);
       auto it = all_threads.find(key);
+      if (t->rechecking) {  // measured again: the earlier measurement meanwhile
+        if (it == all_threads.end() || it->second.samples < t->prior_samples) {
+          all_threads[key] = FileThreadEntry{t->kernel, t->elements, t->threads, t->prior[0],
+                                             t->prior[1], t->prior_samples};
+        }
+        continue;
+      }
       if (it != all_threads.end() && it->second.samples > t->samples) continue;
       all_threads[key] =
           FileThreadEntry{t->kernel, t->elements, t->threads, t->best[0], t->best[1], t->samples};
@@ -797,6 +811,7 @@ void forgetAgreedLocked() {
   }
   for (auto& [k, t] : thread_entries) {
     t->agreed = -1;
+    t->recheck_at = 0;  // a job's choices are agreed, not measured again
     t->job_trial = false;
     t->job_issued[0] = t->job_issued[1] = 0;
     t->job_recorded = 0;
@@ -1418,8 +1433,9 @@ void ThreadEntry::record(int threads, double us) {
     if (agreementOn()) agreed = a;
   }
   source = Source::kMeasured;
-  recheck_at = team == TeamKind::kCompute && !job_trial && samples < kConfirmations &&
-                       closeCall(team, best[0], best[1])
+  rechecking = false;
+  recheck_at = team == TeamKind::kCompute && remeasured && !job_trial &&
+                       samples < kConfirmations && closeCall(team, best[0], best[1])
                    ? runs[0].load() + runs[1].load() + kRecheckRuns
                    : 0;
   dirty = true;
@@ -1455,7 +1471,7 @@ int ThreadEntry::threadsAtRun() {
 }
 
 int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, TeamKind team,
-               bool on_worker) {
+               bool on_worker, bool remeasure) {
   // ATen's loops do not split fewer elements than their grain (the largest
   // tensor holds at least the elements a kernel iterates over).
   const bool unsplit = largest < at::internal::GRAIN_SIZE || !teamAvailable();
@@ -1487,16 +1503,20 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
     slot_entry->kernel = name;
     slot_entry->elements = cls;
     slot_entry->team = team;
+    slot_entry->remeasured = remeasure;
     auto it = file_threads.find(fileThreadKey(slot_entry->kernel, cls));
     if (it != file_threads.end()) adoptFileEntry(*slot_entry, it->second);
   }
   ThreadEntry* const t = slot_entry;
   const int64_t recheck = t->recheck_at.load(std::memory_order_relaxed);
-  if (recheck > 0 && t->source == Source::kMeasured && t->runs[0] + t->runs[1] >= recheck &&
-      !agreementOn()) {  // a job's ranks keep the choice they agreed
+  if (recheck > 0 && (agreementOn() || t->agreed >= 0 || t->source != Source::kMeasured)) {
+    t->recheck_at = 0;  // a job's ranks keep the choice they agreed
+  } else if (recheck > 0 && t->runs[0] + t->runs[1] >= recheck) {
     // A close call measured again (kRecheckRuns), merged with the earlier
-    // measurements as a later process would.
+    // measurements as a later process would (save() writes the earlier ones
+    // meanwhile).
     t->recheck_at = 0;
+    t->rechecking = true;
     t->confirm = true;
     t->prior_samples = t->samples;
     t->prior[0] = t->best[0];
@@ -1719,6 +1739,7 @@ TORCH_LIBRARY_FRAGMENT(axon, m) {
       t->samples = 0;
       t->confirm = false;
       t->recheck_at = 0;
+      t->rechecking = false;
     }
     forgetAgreedLocked();  // and bumps
     file_threads.clear();

@@ -303,9 +303,12 @@ enum class TeamKind : uint8_t { kOpenMp, kCompute };
 // tensors hold `bytes`, the largest of them `largest` elements; sets
 // work.timed when the launch is a trial.  A name is measured for one team.
 // From a stream worker (adaptive eager's runs), pass on_worker: the table
-// file is then left for the host to write.
+// file is then left for the host to write.  `remeasure`: the kernel's values
+// do not depend on its thread count but for rounding, so a close call may be
+// measured again later in the process (KernelSelect.cpp kRecheckRuns).
 int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work,
-               TeamKind team = TeamKind::kOpenMp, bool on_worker = false);
+               TeamKind team = TeamKind::kOpenMp, bool on_worker = false,
+               bool remeasure = true);
 
 // Launches fn (a callable without arguments: one of our kernels) on the
 // threads threadsFor() picks (sizes as there).

@@ -46,7 +46,9 @@ inline bool move_off(uint64_t busy) {
     }
   }
   if (!any || sched_setaffinity(0, sizeof(to), &to) != 0) return false;  // moves it at once
-  sched_setaffinity(0, sizeof(allowed), &allowed);
+  if (sched_setaffinity(0, sizeof(allowed), &allowed) != 0) {
+    sched_setaffinity(0, sizeof(allowed), &allowed);  // once more: never left narrowed
+  }
   return true;
 #else
   (void)busy;

@@ -247,7 +247,6 @@ TEST(Team, HelpersLeaveTheCallersCore) {
   Placement p;
   p.caller = std::this_thread::get_id();
   p.caller_cpu = cpus[0];
-  const TeamStats before = team_stats();
   for (int loop = 0; loop < 100; ++loop) {
     team_parallel_for(2, 0, 8, 1, &p, place);
     // Long enough that the helper goes to sleep and is woken by the next loop.
@@ -258,8 +257,6 @@ TEST(Team, HelpersLeaveTheCallersCore) {
   ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(all), &all), 0);
   EXPECT_EQ(p.on_callers_core.load(), 0) << "of " << p.helper_chunks.load() << " helper chunks";
   EXPECT_GT(p.helper_chunks.load(), 0);
-  // Moved as often as a helper found itself on the caller's core (the scheduler decides).
-  EXPECT_GE(team_stats().helper_moves, before.helper_moves);
 }
 #endif
 
