@@ -1510,7 +1510,7 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
   ThreadEntry* const t = slot_entry;
   const int64_t recheck = t->recheck_at.load(std::memory_order_relaxed);
   if (recheck > 0 && (agreementOn() || t->agreed >= 0 || t->source != Source::kMeasured)) {
-    t->recheck_at = 0;  // a job's ranks keep the choice they agreed
+    t->recheck_at = 0;  // agreed (a job's ranks keep it), or measuring already
   } else if (recheck > 0 && t->runs[0] + t->runs[1] >= recheck) {
     // A close call measured again (kRecheckRuns), merged with the earlier
     // measurements as a later process would (save() writes the earlier ones

@@ -62,7 +62,7 @@ struct Team {
   std::exception_ptr error;
 
   // Bit c: a member of the current loop runs on core c (placement.h: a
-  // helper woken onto a member's core moves off it for the loop).
+  // helper woken onto a member's core moves off it).
   std::atomic<uint64_t> cpus_held{0};
 
   std::atomic<uint64_t> loops{0}, serial_loops{0}, helper_chunks{0}, helper_moves{0};
@@ -121,7 +121,8 @@ void joinLoop(Team& t) {
 void helperMain(Team& t, int index) {
 #ifdef __linux__
   // As the stream workers ("axon0:s0"), for gdb, top and perf; 15 characters max.
-  pthread_setname_np(pthread_self(), ("axon-team" + std::to_string(index + 1)).substr(0, 15).c_str());
+  const std::string name = "axon-team" + std::to_string(index + 1);
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
 #endif
   in_team_loop = true;  // a loop nested in a chunk runs serially
   uint32_t seen = t.generation.load(std::memory_order_acquire);
