@@ -247,7 +247,12 @@ TEST(Team, HelpersLeaveTheCallersCore) {
   Placement p;
   p.caller = std::this_thread::get_id();
   p.caller_cpu = cpus[0];
-  for (int loop = 0; loop < 100; ++loop) {
+  // At least 100 loops, and until the helper has run 20 chunks (on a loaded
+  // machine it may get its core rarely), for at most 10 s.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int loop = 0; loop < 100 || (p.helper_chunks.load() < 20 &&
+                                    std::chrono::steady_clock::now() < until);
+       ++loop) {
     team_parallel_for(2, 0, 8, 1, &p, place);
     // Long enough that the helper goes to sleep and is woken by the next loop.
     std::this_thread::sleep_for(std::chrono::microseconds(300));
