@@ -356,9 +356,10 @@ def alternate(measure: Callable[[str, int], object], repeats: int, devices: Sequ
               settled: bool = True) -> dict[str, list]:
     """``repeats`` rounds of measure(device, round) for each device in turn (cpu, axon, cpu, axon, ...),
     each after ``settle()`` unless not ``settled``, so that a shared machine's drifts hit every
-    device alike; the lists of results per device (take their median). ``devices`` may name other variants measured in turn (eager and
-    compiled). Axon measurements run inside ``fallback`` when given, which counts the ops
-    that ran through the CPU fallback; progress(round, results) after each round."""
+    device alike; the lists of results per device (take their median). ``devices`` may name
+    other variants measured in turn (eager and compiled). Axon measurements run inside
+    ``fallback`` when given, which counts the ops that ran through the CPU fallback;
+    progress(round, results) after each round."""
     out: dict[str, list] = {d: [] for d in devices}
     for r in range(repeats):
         for d in devices:
