@@ -371,6 +371,7 @@ struct ThreadEntry final : TimedRun, ThreadsAtRun {
   int64_t job_recorded = 0;
   void record(int threads, double us) override;
   int threadsAtRun() override;
+  int trialSide();  // 0: worker, 1: team; counts the run (table_mutex held)
 };
 struct NameKey {
   const void* name;
@@ -1445,6 +1446,9 @@ void ThreadEntry::record(int threads, double us) {
 
 int ThreadEntry::threadsAtRun() {
   std::unique_lock<std::mutex> g(table_mutex);
+  if (!agreementOn() && agreed < 0 && source == Source::kPending && !deciding) {
+    return trialSide() == 0 ? 1 : 0;  // threadsFor's trials: the side picked now
+  }
   const auto ready = [&] {
     return agreed >= 0 || (source != Source::kPending && !deciding) || !agreementOn();
   };
@@ -1572,17 +1576,29 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
     return threads;
   }
   t->source = Source::kPending;
+  work.timed = t;
+  if (!on_worker) {
+    // A trial whose side is picked when it runs (threadsAtRun): launches
+    // queued while the trials are out run the decision once it is made
+    // instead of sides picked at the call (a host far ahead of its stream
+    // would run a third of them on the losing side).
+    work.threads_at_run = t;
+    return 1;
+  }
+  return t->trialSide() == 0 ? 1 : 0;  // on the worker: running now
+}
+
+int ThreadEntry::trialSide() {
   // A trial: the side issued less often so far, timed on the worker.  On the
   // compute team, two team runs in a row (worker, team, team, ...): the
   // second finds the helpers awake, as a kernel that runs on the team among
   // others does (after a run on the worker alone they sleep, and waking them
   // can cost the whole of a short kernel); the minimum of its times counts.
-  const int side = t->team == TeamKind::kCompute ? (t->issued[1] < 2 * t->issued[0] ? 1 : 0)
-                                                 : (t->issued[0] <= t->issued[1] ? 0 : 1);
-  ++t->issued[side];
-  t->runs[side].fetch_add(1, std::memory_order_relaxed);
-  work.timed = t;
-  return side == 0 ? 1 : 0;
+  const int side = team == TeamKind::kCompute ? (issued[1] < 2 * issued[0] ? 1 : 0)
+                                              : (issued[0] <= issued[1] ? 0 : 1);
+  ++issued[side];
+  runs[side].fetch_add(1, std::memory_order_relaxed);
+  return side;
 }
 
 // ------------------------------------------------------------ agreement (registration)

@@ -43,7 +43,9 @@
 // kernels may write their inputs (in-place ops), so they cannot be run twice;
 // instead launches of a key alternate between the worker and the team,
 // timed on the worker, until each side has kTrialRuns timed runs after one
-// that warms up; then the faster side by the same handicap wins.  Kernels
+// that warms up; then the faster side by the same handicap wins.  A trial's
+// side is picked when it runs, so launches queued behind the trials run the
+// decision.  Kernels
 // whose largest tensor holds fewer elements than ATen's parallel grain
 // (at::internal::GRAIN_SIZE) run on the worker without a trial: ATen's loops
 // would not split them.  AXON_KERNEL_THREADS forces a side here too.

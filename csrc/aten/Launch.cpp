@@ -96,17 +96,17 @@ void launchChecked(c10::DeviceIndex device, const char* name, uint64_t signature
     c10::WarningUtils::WarningHandlerGuard guard(&collect);
     // The device's numbers, not the host's (a deferred decision: the stream
     // is synchronised, so its trials have run).
-    const KernelThreadsScope team(work->threads_at_run != nullptr
-                                      ? work->threads_at_run->threadsAtRun()
-                                      : threads);
+    const int run_threads =
+        work->threads_at_run != nullptr ? work->threads_at_run->threadsAtRun() : threads;
+    const KernelThreadsScope team(run_threads);
     try {
       work->run();
     } catch (...) {
-      if (work->timed != nullptr) work->timed->record(threads, kFailedRun);
+      if (work->timed != nullptr) work->timed->record(run_threads, kFailedRun);
       throw;
     }
     // Ran here, on the host's threads: not a timing of the device's.
-    if (work->timed != nullptr) work->timed->record(threads, kUntimedRun);
+    if (work->timed != nullptr) work->timed->record(run_threads, kUntimedRun);
   }
   work.reset();
   bool warned = false;

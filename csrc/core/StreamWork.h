@@ -37,9 +37,10 @@ class TimedRun {
   ~TimedRun() = default;
 };
 
-// The thread policy's deferred decision (aten/KernelSelect.h, agreement
-// between ranks): a launch that carries one runs on the threads it returns
-// when the worker gets to it, not on those of the launch.
+// The thread policy's deferred decision (aten/KernelSelect.h: a trial's side,
+// or the job's choice under agreement between ranks): a launch that carries
+// one runs on the threads it returns when the worker gets to it, not on
+// those of the launch.
 class ThreadsAtRun {
  public:
   virtual int threadsAtRun() = 0;

@@ -95,6 +95,43 @@ def test_in_place_ops_run_once_whichever_side(mode, dtype, isolated):
         assert row[6] + row[7] == 8 and row[6] >= 3 and row[7] >= 3
 
 
+
+@pytest.mark.skipif(not TEAM, reason="one thread: the team is the worker, nothing to decide")
+@pytest.mark.parametrize("op", ["mul", "add_"])
+def test_launches_queued_behind_the_trials_run_the_decision(op, isolated):
+    """A host far ahead of its stream: every launch is queued before the first trial
+    runs. A trial's side is picked when it runs, so the side that lost runs only its
+    trials (a warm-up and kTrialRuns timed runs, twice as many team runs on the compute
+    team, and the first launch, untimed at the call), not a third of the queue."""
+    torch.ops.axon._set_kernel_threads("auto")
+    x, y = make((N,), torch.float32, seed=11), make((N,), torch.float32, seed=12)
+    xa, ya = x.axon(), y.axon()
+    launches = 150
+    if op == "mul":
+        assert_same(xa * ya, x * y)  # the signature's first launch, at the call
+    else:
+        xa.add_(ya)
+        x.add_(y)
+    torch.axon.synchronize()
+    _C._test_sleep_on_stream(xa.device.index, 300)  # the stream is busy: all queue up
+    out = []
+    for _ in range(launches):
+        if op == "mul":
+            out.append(xa * ya)
+        else:
+            xa.add_(ya)
+    [row] = rows("aten::mul.Tensor" if op == "mul" else "aten::add_.Tensor")
+    assert row[3] == "measured" and row[6] + row[7] == launches + 1
+    trials = 2 * (3 + 1) + 1  # the team's runs while the worker's 4 are timed, + 1
+    assert min(row[6], row[7]) <= trials, row
+    if op == "mul":
+        for o in out:
+            assert_same(o, x * y)
+    else:
+        for _ in range(launches):
+            x.add_(y)
+        assert_same(xa, x)
+
 def test_small_and_zero_size_kernels_have_no_trials(isolated):
     torch.ops.axon._set_kernel_threads("auto")
     for shape in [(100,), (0,), (0, 7)]:
