@@ -346,6 +346,11 @@ class Fusible : public ::axon::rt::FusibleTask {
   c10::SmallVector<at::Scalar, 2> scalars;
   // Reductions: the dtype argument.
   std::optional<c10::ScalarType> reduce_dtype;
+  // The thread policy gave the launch the team, whose parts may move an
+  // element between ATen's vector loop and its scalar tail: it joins a run
+  // only as one of the engine's own exactly rounded ops (Fusion.cpp), whose
+  // values are the same wherever a loop splits.
+  bool team = false;
   // Where it was launched, and the device's free-log mark then
   // (CachingAllocator.h: was its result freed before later work could read it?).
   c10::DeviceIndex device = 0;
@@ -552,6 +557,13 @@ void launchCaptured(c10::DeviceIndex device, const char* name, HostChecks checks
     (add_elements(elements, c), ...);
   }, work->captured());
   const int threads = kselect::threadsFor(name, elements.bytes, elements.largest, *work, team);
+  if constexpr (std::is_base_of_v<Fusible, W>) {
+    if (threads == 0 && work->fusible != nullptr) {
+      // On the team: fusible as an own pointwise op only (Fusible::team).
+      work->team = true;
+      if (work->kind != FusionKind::kPointwise) work->fusible = nullptr;
+    }
+  }
   launchChecked(device, name, signature.hash, threads, std::move(work));
 }
 }  // namespace cpu_kernel

@@ -437,6 +437,10 @@ struct Plan {
       more += C_ * static_cast<int64_t>(o.v->dtype.itemsize());
     }
     chooseOwn(p);
+    // A launch on the team runs in parts whose bounds may round an element
+    // as ATen's scalar tail instead of its vector loop: only an own op
+    // (exactly rounded, the same bits anywhere) takes its place in a run.
+    if (f->team && (p.own == Own::kNone || f->kind != FusionKind::kPointwise)) return false;
     // ATen kernels that raise on data (integer division by zero, integers
     // to negative powers) run alone: a fused run cannot stop at one op.
     if (p.own == Own::kNone && f->kind == FusionKind::kPointwise &&

@@ -214,7 +214,7 @@ void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> wor
   // launch the runtime refuses, is not freed.)
   Work* w = work.release();
   rt::FusibleTask* fusible =
-      w->fusible != nullptr && threads == 1 && w->timed == nullptr &&
+      w->fusible != nullptr && (threads == 1 || threads == 0) && w->timed == nullptr &&
               w->threads_at_run == nullptr && adaptiveEager()
           ? w->fusible
           : nullptr;

@@ -71,8 +71,9 @@ class Work {
   // Set by the thread policy when the threads are decided at the run.
   ThreadsAtRun* threads_at_run = nullptr;
   // Adaptive eager (aten/Fusion.h): set when the kernel may run fused with
-  // the kernels queued next to it.  Offered to the stream only when it runs
-  // on the worker alone and is not a trial.
+  // the kernels queued next to it.  Offered to the stream when it is not a
+  // trial (on the team only if its values do not depend on how the team
+  // splits it: cpu_kernel::launchCaptured).
   ::axon::rt::FusibleTask* fusible = nullptr;
 
  private:

@@ -20,7 +20,8 @@ HOLD_MS = 30  # the stream sleeps while the program queues its ops
 @pytest.fixture(autouse=True, params=["l2_tiles", "small_tiles", "team_blocks"])
 def _worker_threads(request):
     """Elementwise kernels on the stream worker without thread trials (a launch the
-    thread policy is still timing, or gives the team, is never fused); every test three
+    thread policy is still timing is never fused; on the team, see
+    test_team_launches_fuse_only_as_own_ops); every test three
     times: with tiles sized for L2 (often one tile here), with 16 KiB tiles (many tiles,
     so that tile boundaries fall inside the tensors), and with L2 tiles whose runs of
     own ops are spread over the compute team block by block (as the thread policy does
@@ -104,6 +105,30 @@ def test_own_runs_on_the_team_bitwise():
         got, _ = fused_vs_op_by_op(lambda x, w: (hf_rms_norm(x, w), swiglu(x, x * 2, x)), [x, w])
         assert torch.axon._C._team_stats()[key] > before
         torch.testing.assert_close(got[0], hf_rms_norm(x, w), atol=2e-2 if dtype != torch.float32 else 1e-5,
+                                   rtol=2e-2 if dtype != torch.float32 else 1e-5)
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread: no team to split launches")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_team_launches_fuse_only_as_own_ops(dtype):
+    """Launches the thread policy gives the team (forced here) run in parts whose bounds
+    may move an element between ATen's vector loop and its scalar tail (parts of 163
+    rows of 200: bounds off the vector width), so they join a run only as the engine's own exactly
+    rounded ops: a chain of those fuses; chains with ATen's transcendental kernels stay
+    bitwise equal to op by op on the team."""
+    torch.ops.axon._set_kernel_threads("team")
+    shape = (640, 200)
+    x, y = make(shape, dtype, seed=21), make(shape, dtype, seed=22)
+    _, stats = fused_vs_op_by_op(lambda x, y: ((x * y + x) - y).neg() * y, [x, y])
+    assert stats["ops_fused"] >= 5, stats
+    mixed = [
+        lambda x, y: torch.tanh(x * y) + torch.exp(x.clamp(max=4)) * y - torch.sigmoid(y),
+        lambda x, y: torch.nn.functional.silu(x) * y + torch.nn.functional.gelu(y, approximate="tanh"),
+        lambda x, y: (x * 2.5).mean(-1, keepdim=True) + torch.cos(y) * x,
+    ]
+    for program in mixed:
+        got, _ = fused_vs_op_by_op(program, [x, y], expect_fused=False)
+        torch.testing.assert_close(got[0], program(x, y), atol=2e-2 if dtype != torch.float32 else 1e-5,
                                    rtol=2e-2 if dtype != torch.float32 else 1e-5)
 
 
@@ -476,8 +501,11 @@ def test_environment_switch():
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "gpt2", "mixtral"])
-def test_hf_model_forward_and_training_step_bitwise(arch):
+@pytest.mark.parametrize("threads", ["worker", "team"])
+def test_hf_model_forward_and_training_step_bitwise(arch, threads):
     from conftest import tiny_causal_lm
+
+    torch.ops.axon._set_kernel_threads(threads)  # team: fused only as own ops
 
     model = tiny_causal_lm(arch).to(AXON).train()
     ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(0)).to(AXON)
