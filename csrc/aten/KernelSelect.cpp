@@ -45,23 +45,19 @@ constexpr double kBudgetUs = 40000.0;
 // Handicaps (see KernelSelect.h): ATen's kernel wins when it is faster by
 // this factor, so ties (within a shared machine's noise) keep ours ...
 constexpr double kLibraryMargin = 0.95;
-// ... and a team must be faster by a margin: OpenMP's (ATen's kernels:
-// variant library/team, and the thread policy of every other kernel) by a
-// quarter and at least kOmpTeamMinSavingUs, because after the kernel its
-// threads spin on the core the host dispatches the next kernels from for a
-// while (libgomp's wait policy, fixed when it loads), which no timing of the
-// kernel itself shows.  Measured on 2 cores (AMD EPYC), decoding a 56M Llama
-// in fp32 at batch 8 (benchmarks/generate.py --select auto,auto/worker): the
-// output projection on OpenMP's team (830 us faster alone) made each token
-// 1.6 ms slower, a hidden cost of ~2.4 ms per team launch; with every kernel
-// on the team, 16.1 against 11.6 ms per token.  Our kernels run on the
-// runtime's compute team instead (Kernels.cpp), whose helpers sleep after a
-// few tens of us: with every one of them on it, the same decode is faster
-// than on the worker (12.5 against 16.3 ms per token), so variant own/team
-// only has to win by kPoolTeamMargin (ties stay on the worker).
-constexpr double kOmpTeamMargin = 0.75;
-constexpr double kOmpTeamMinSavingUs = 2500.0;
-constexpr double kPoolTeamMargin = 0.95;
+// ... and a team must be faster by kTeamMargin too (ties stay on the
+// worker).  What a team costs besides the kernel's time is in the timings:
+// our kernels run on the runtime's compute team (Kernels.cpp), whose helpers
+// sleep after a few tens of us; ATen's kernels (and MKL, oneDNN) on the
+// worker's OpenMP team, which ends with each kernel (releaseOpenMpTeam,
+// StreamWork.h), so each run on it includes starting its threads (~60 us on
+// 2 cores, AMD EPYC).  Until 2026-12-04 OpenMP's team outlived its kernel:
+// its threads spun for milliseconds on the cores the host and the compute
+// team needed, a cost no timing of the kernel showed (measured as ~2.4 ms
+// per team launch in decoding), which a handicap of a quarter and at least
+// 2.5 ms stood in for; it kept the training step's GEMMs on the worker alone
+// (benchmarks/train_step.py: 1,678 ms per step with it, 1,560 without).
+constexpr double kTeamMargin = 0.95;
 // Timed runs per side before a trial decides (after one that warms up).
 constexpr int kTrialRuns = 3;
 // The table file is rewritten at most this often (and at exit).
@@ -92,19 +88,13 @@ constexpr bool isTeam(int v) { return (v & 1) != 0; }
 Choice variantChoice(int v) { return Choice{isLibrary(v) ? Impl::kLibrary : Impl::kOwn,
                                             isTeam(v) ? 0 : 1}; }
 // A time on a team with the team's handicap.
-double teamHandicapped(TeamKind team, double us) {
-  return team == TeamKind::kCompute
-             ? us / kPoolTeamMargin
-             : us + std::max(us * (1.0 / kOmpTeamMargin - 1.0), kOmpTeamMinSavingUs);
-}
+double teamHandicapped(double us) { return us / kTeamMargin; }
 // A variant's time with its handicaps, the quantity the choice minimises
 // (ours run on the compute team, ATen's on OpenMP's; op gemm's "own" is
-// oneDNN's, on OpenMP's too).
-double handicapped(int v, double us, Op op) {
+// oneDNN's, on OpenMP's too: the same margin, see kTeamMargin).
+double handicapped(int v, double us) {
   const double t = isLibrary(v) ? us / kLibraryMargin : us;
-  if (!isTeam(v)) return t;
-  const bool omp = isLibrary(v) || op == Op::kGemm;
-  return teamHandicapped(omp ? TeamKind::kOpenMp : TeamKind::kCompute, t);
+  return isTeam(v) ? teamHandicapped(t) : t;
 }
 
 struct Entry {
@@ -490,11 +480,11 @@ const bool save_at_exit_registered = [] {
 
 // Whether a decision from these times is a close call (see kCloseCall): the
 // best two finite times after handicaps within kCloseCall of each other.
-bool closeCall(const std::array<double, kVariants>& us, Op op) {
+bool closeCall(const std::array<double, kVariants>& us) {
   double first = std::numeric_limits<double>::infinity(), second = first;
   for (int v = 0; v < kVariants; ++v) {
     if (us[v] < 0 || us[v] >= kFailedTime) continue;
-    const double h = handicapped(v, us[v], op);
+    const double h = handicapped(v, us[v]);
     if (h < first) {
       second = first;
       first = h;
@@ -504,11 +494,11 @@ bool closeCall(const std::array<double, kVariants>& us, Op op) {
   }
   return std::isfinite(second) && second < first * kCloseCall;
 }
-bool closeCall(TeamKind team, double worker_us, double team_us) {
+bool closeCall(double worker_us, double team_us) {
   if (worker_us < 0 || team_us < 0 || worker_us >= kFailedTime || team_us >= kFailedTime) {
     return false;
   }
-  const double a = worker_us, b = teamHandicapped(team, team_us);
+  const double a = worker_us, b = teamHandicapped(team_us);
   return std::max(a, b) < std::min(a, b) * kCloseCall;
 }
 
@@ -516,7 +506,7 @@ bool closeCall(TeamKind team, double worker_us, double team_us) {
 // measurements) waits for this process's trials to be merged with it.
 void adoptFileEntry(ThreadEntry& t, const FileThreadEntry& f) {
   t.samples = f.samples;
-  if (f.samples < kConfirmations && closeCall(t.team, f.worker_us, f.team_us)) {
+  if (f.samples < kConfirmations && closeCall(f.worker_us, f.team_us)) {
     t.confirm = true;
     t.prior_samples = f.samples;
     t.prior[0] = f.worker_us;
@@ -566,7 +556,7 @@ void loadLocked() {
     e.us = f.us;
     e.auto_variant = f.auto_variant;
     e.samples = f.samples;
-    e.confirm = f.samples < kConfirmations && closeCall(f.us, e.key.op);
+    e.confirm = f.samples < kConfirmations && closeCall(f.us);
     e.prior_samples = f.samples;
     e.prior = f.us;
   }
@@ -736,12 +726,12 @@ void maybeSave() {
 }
 
 // The variant with the smallest handicapped time among `mask`, or -1.
-int best(const std::array<double, kVariants>& us, uint8_t mask, Op op) {
+int best(const std::array<double, kVariants>& us, uint8_t mask) {
   int winner = -1;
   double score = std::numeric_limits<double>::infinity();
   for (int v = 0; v < kVariants; ++v) {
     if (!(mask & (1 << v)) || us[v] < 0) continue;
-    const double s = handicapped(v, us[v], op);
+    const double s = handicapped(v, us[v]);
     if (s < score) {
       score = s;
       winner = v;
@@ -762,7 +752,7 @@ uint8_t measuredMask(const Entry& e) {
 // recorded choice when every variant is allowed), or -1 when it has none.
 int tableVariant(const Entry& e, uint8_t allowed) {
   if ((allowed & ~measuredMask(e)) != 0) return -1;
-  return allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant : best(e.us, allowed, e.key.op);
+  return allowed == 0xf && e.auto_variant >= 0 ? e.auto_variant : best(e.us, allowed);
 }
 
 // Runs variant v of a selection on this worker (ATen's kernel without
@@ -1097,6 +1087,10 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
   // Runs variant v; false when ATen's kernel threw (it is never chosen).
   auto run = [&](int v) {
     setKernelThreads(isTeam(v) ? 0 : 1);
+    // OpenMP's threads end with each run, as after a launch (timed with it).
+    struct Release {
+      ~Release() { releaseOpenMpTeam(); }
+    } release;
     if (!isLibrary(v)) {
       own();
       return true;
@@ -1112,8 +1106,7 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
     }
   };
   // Ours first, then ATen's, each round-robin over its thread variants with
-  // half the budget: ATen's kernels (MKL) leave their own threads spinning
-  // for a while, which would slow our team's runs right after them.
+  // half the budget.
   int last = -1;
   for (int impl = 0; impl < 2; ++impl) {
     const uint8_t group = mask & (impl == 0 ? 0b0011 : 0b1100);
@@ -1144,7 +1137,7 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
       if (mask & (1 << v)) us[v] = std::numeric_limits<double>::infinity();
     }
   }
-  int winner = best(us, mask, key.op);
+  int winner = best(us, mask);
   if (winner < 0) {
     // Only ATen's kernel was allowed, and it failed: run it once more so that
     // its error is the launch's.
@@ -1188,7 +1181,7 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
   e.source = Source::kMeasured;
   // The full auto mode's choice, once every variant this machine has is measured.
   const uint8_t available = teamAvailable() && kernelTeamSize() > 1 ? 0xf : 0b0101;
-  if ((available & ~measuredMask(e)) == 0) e.auto_variant = best(e.us, available, e.key.op);
+  if ((available & ~measuredMask(e)) == 0) e.auto_variant = best(e.us, available);
   count(e, impl);
   dirty = true;
   bump();
@@ -1322,7 +1315,7 @@ void recordTrial(void* trial, int variant, double us) {
   }
   mergePrior(e);
   const uint8_t available = teamAvailable() ? 0xf : 0b0101;
-  if ((available & ~issued) == 0) e.auto_variant = best(e.us, available, e.key.op);
+  if ((available & ~issued) == 0) e.auto_variant = best(e.us, available);
   if (e.job_trial && agreementOn()) {
     int local = tableVariant(e, allowed);
     if (local < 0) local = __builtin_ctz(allowed);  // every variant failed
@@ -1419,7 +1412,7 @@ void ThreadEntry::record(int threads, double us) {
   } else {
     samples = 1;
   }
-  this->threads = best[0] >= 0 && best[1] >= 0 && teamHandicapped(team, best[1]) < best[0] ? 0 : 1;
+  this->threads = best[0] >= 0 && best[1] >= 0 && teamHandicapped(best[1]) < best[0] ? 0 : 1;
   if (job_trial && agreementOn()) {
     const uint64_t epoch = job_epoch;
     deciding = true;
@@ -1436,7 +1429,7 @@ void ThreadEntry::record(int threads, double us) {
   source = Source::kMeasured;
   rechecking = false;
   recheck_at = team == TeamKind::kCompute && remeasured && !job_trial &&
-                       samples < kConfirmations && closeCall(team, best[0], best[1])
+                       samples < kConfirmations && closeCall(best[0], best[1])
                    ? runs[0].load() + runs[1].load() + kRecheckRuns
                    : 0;
   dirty = true;

@@ -30,10 +30,9 @@
 //   then up to kMaxReps times or until half of kBudgetUs has passed (at
 //   least twice each), takes each one's minimum and picks the smallest time
 //   after handicaps: ATen's kernel must be 5% faster than ours (ties keep
-//   ours); our kernels on the team (the runtime's compute team) must be 5%
-//   faster than on the worker alone, ATen's on OpenMP's team 25% and at
-//   least 2.5 ms (OpenMP's threads spin after the kernel on the core the
-//   host dispatches from: KernelSelect.cpp).  The winner runs last, so the
+//   ours); a team (ours: the runtime's compute team; ATen's: the worker's
+//   OpenMP team, which ends with each kernel, so its runs include starting
+//   it) must be 5% faster than the worker alone.  The winner runs last, so the
 //   launch's result is the winner's.  All variants write the same outputs and
 //   read inputs the op does not write (callers only select for out-of-place
 //   kernels).  Launches of a key whose measurement is still queued run the

@@ -114,6 +114,11 @@ void setKernelThreads(int threads) {
   }
 }
 
+void releaseOpenMpTeam() {
+  // Cheap without a pool (libgomp checks the thread's pool and returns).
+  if (omp_get_max_threads() > 1) omp_pause_resource_all(omp_pause_soft);
+}
+
 KernelThreadsScope::KernelThreadsScope(int threads) : saved_(0) {
   // kernelTeamSize() first: on a thread's first use it runs ATen's lazy
   // per-thread OpenMP setup, whose result is the one to restore.
@@ -176,7 +181,12 @@ void runWork(Work& w, int threads) {
   setKernelThreads(threads);
   const auto t0 = w.timed != nullptr ? std::chrono::steady_clock::now()
                                      : std::chrono::steady_clock::time_point();
+  // OpenMP's threads, if the kernel started them, end with it (timed with it).
+  struct Release {
+    ~Release() { releaseOpenMpTeam(); }
+  };
   try {
+    Release release;
     if (w.quiet) {
       c10::WarningUtils::WarningHandlerGuard guard(dropWarnings());
       w.run();
