@@ -12,6 +12,9 @@
 #include <mutex>
 #include <unordered_set>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <c10/core/DeviceGuard.h>
@@ -99,6 +102,16 @@ void launchChecked(c10::DeviceIndex device, const char* name, uint64_t signature
     const int run_threads =
         work->threads_at_run != nullptr ? work->threads_at_run->threadsAtRun() : threads;
     const KernelThreadsScope team(run_threads);
+    // On a thread other than the process's first (autograd's device threads, a
+    // user's threads), the OpenMP team the run started ends with it, as a
+    // stream worker's does (StreamWork.h releaseOpenMpTeam); the first
+    // thread's team is the CPU's own.
+    struct Release {
+      ~Release() {
+        static const pid_t first = getpid();
+        if (static_cast<pid_t>(syscall(SYS_gettid)) != first) releaseOpenMpTeam();
+      }
+    } release;
     try {
       work->run();
     } catch (...) {

@@ -303,17 +303,18 @@ def test_worker_mkl_threads_follow_the_launch():
 @pytest.mark.skipif(not TEAM, reason="one thread: no OpenMP team to start")
 def test_worker_openmp_team_ends_with_its_kernel():
     """A kernel on OpenMP's team (ATen's GEMM and reductions) starts OpenMP threads on
-    the stream worker (they take its name); they end with the kernel. A worker's live
-    team made libgomp count more threads than cores, after which the host's own parallel
-    CPU ops slept between loops (~10x slower for small ones), and its threads spun for
-    milliseconds on the cores the host and the compute team need. The CPU's own team is
-    left alone; results are the CPU's."""
+    the stream worker (they take its name); they end with the kernel, also when a new
+    signature's first launch runs at the call on autograd's device thread (backward).
+    A live team outside the process's first thread made libgomp count more threads than
+    cores, after which the host's own parallel CPU ops slept between loops (~10x slower
+    for small ones), and a worker's spun for milliseconds on the cores the host and the
+    compute team need. The CPU's own team is left alone; results are the CPU's."""
     code = ("import os, torch, torch_axon\n"
             "def workers():\n"
             "    names = []\n"
             "    for t in os.listdir('/proc/self/task'):\n"
             "        with open(f'/proc/self/task/{t}/comm') as f: names.append(f.read().strip())\n"
-            "    return names.count('axon0:s0')\n"
+            "    return names.count('axon0:s0'), names.count('pt_autograd_0')\n"
             "x = torch.randn(512, 1024); w = torch.randn(1024, 1024)\n"
             "cpu = (x @ w, x.sum(0))\n"
             "torch.ops.axon._set_kernel_select('library')\n"
@@ -321,12 +322,14 @@ def test_worker_openmp_team_ends_with_its_kernel():
             "xa, wa = x.axon(), w.axon()\n"
             "for _ in range(3):\n"  # the first launch of a signature runs at the call
             "    got = (xa @ wa, xa.sum(0))\n"
+            "g = torch.randn(512, 768, device='axon', requires_grad=True)\n"
+            "(g @ wa[:768]).cumsum(0).sum().backward()\n"  # on autograd's thread for axon:0
             "torch.axon.synchronize()\n"
-            "print(workers(), int(torch.allclose(got[0].cpu(), cpu[0], rtol=1e-5, atol=1e-4)), "
+            "print(*workers(), int(torch.allclose(got[0].cpu(), cpu[0], rtol=1e-5, atol=1e-4)), "
             "int(torch.allclose(got[1].cpu(), cpu[1], rtol=1e-5, atol=1e-4)))\n")
     r = _python(code)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["1", "1", "1"], r.stdout
+    assert r.stdout.split() == ["1", "1", "1", "1"], r.stdout
 
 
 @pytest.mark.skipif(not TEAM, reason="one thread: the team is the worker, nothing to split")
