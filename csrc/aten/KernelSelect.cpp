@@ -49,11 +49,12 @@ constexpr double kLibraryMargin = 0.95;
 // worker).  What a team costs besides the kernel's time is in the timings:
 // our kernels run on the runtime's compute team (Kernels.cpp), whose helpers
 // sleep after a few tens of us; ATen's kernels (and MKL, oneDNN) on the
-// worker's OpenMP team, which ends with each kernel (releaseOpenMpTeam,
-// StreamWork.h), so each run on it includes starting its threads (~60 us on
-// 2 cores, AMD EPYC).  Until 2026-12-04 OpenMP's team outlived its kernel:
-// its threads spun for milliseconds on the cores the host and the compute
-// team needed, a cost no timing of the kernel showed (measured as ~2.4 ms
+// worker's OpenMP team, which lives while team kernels follow each other
+// and ends before a kernel on the worker alone and when the worker goes idle
+// (releaseOpenMpTeam, StreamWork.h), so a measured or trial run on it after
+// one on the worker includes starting its threads (~60 us on 2 cores, AMD
+// EPYC).  Until 2026-12-04 OpenMP's team outlived its kernels: its threads
+// spun for milliseconds on the cores the host and the compute team needed, a cost no timing of the kernel showed (measured as ~2.4 ms
 // per team launch in decoding), which a handicap of a quarter and at least
 // 2.5 ms stood in for; it kept the training step's GEMMs on the worker alone
 // (benchmarks/train_step.py: 1,678 ms per step with it, 1,560 without).
@@ -307,7 +308,7 @@ std::string cachePath() {
     return "";
   }
   uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a of the format and the machine
-  for (unsigned char c : std::string("kernel_select 5; ") + machine()) {
+  for (unsigned char c : std::string("kernel_select 6; ") + machine()) {
     hash = (hash ^ c) * 0x100000001b3ULL;
   }
   char name[64];
@@ -326,6 +327,18 @@ std::mutex& table_mutex = *new std::mutex;
 auto& entries = *new std::unordered_map<uint64_t, std::unique_ptr<Entry>>;  // table_mutex
 bool loaded = false;                                           // guarded by table_mutex
 std::mutex& file_mutex = *new std::mutex;  // one writer per process
+
+struct ThreadEntry;
+// A trial launch made outside agreement (threadsFor): its side is picked when
+// it runs, so launches queued behind the trials run the decision.  It never
+// waits: if a job's agreement began while it was queued, it runs the job's
+// choice if known, else this process's, else the worker, and its timing is
+// not the job's.
+struct HostTrial final : TimedRun, ThreadsAtRun {
+  ThreadEntry* entry = nullptr;
+  void record(int threads, double us) override;
+  int threadsAtRun() override;
+};
 
 // Thread policy entries, by (kernel name, class of bytes; `elements` below
 // holds the bytes class).
@@ -359,6 +372,7 @@ struct ThreadEntry final : TimedRun, ThreadsAtRun {
   bool job_trial = false;
   int64_t job_issued[2] = {0, 0};
   int64_t job_recorded = 0;
+  HostTrial host_trial;  // entry: this
   void record(int threads, double us) override;
   int threadsAtRun() override;
   int trialSide();  // 0: worker, 1: team; counts the run (table_mutex held)
@@ -1087,7 +1101,8 @@ void measureVariants(const Key& key, uint8_t mask, const std::function<void()>& 
   // Runs variant v; false when ATen's kernel threw (it is never chosen).
   auto run = [&](int v) {
     setKernelThreads(isTeam(v) ? 0 : 1);
-    // OpenMP's threads end with each run, as after a launch (timed with it).
+    // OpenMP's threads end with each run (timed with it), as when a team
+    // kernel follows one on the worker alone.
     struct Release {
       ~Release() { releaseOpenMpTeam(); }
     } release;
@@ -1446,11 +1461,27 @@ void ThreadEntry::record(int threads, double us) {
   decided.notify_all();
 }
 
+int HostTrial::threadsAtRun() {
+  std::lock_guard<std::mutex> g(table_mutex);
+  ThreadEntry& e = *entry;
+  if (e.source == Source::kPending && !e.deciding && !e.job_trial && e.agreed < 0) {
+    return e.trialSide() == 0 ? 1 : 0;
+  }
+  const int t = e.agreed >= 0 ? e.agreed : known(e.source) ? e.threads.load() : 1;
+  e.runs[t == 1 ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+  return t;
+}
+
+void HostTrial::record(int threads, double us) {
+  {
+    std::lock_guard<std::mutex> g(table_mutex);
+    if (entry->job_trial) return;  // a job's trials began meanwhile: not one of them
+  }
+  entry->record(threads, us);
+}
+
 int ThreadEntry::threadsAtRun() {
   std::unique_lock<std::mutex> g(table_mutex);
-  if (!agreementOn() && agreed < 0 && source == Source::kPending && !deciding) {
-    return trialSide() == 0 ? 1 : 0;  // threadsFor's trials: the side picked now
-  }
   const auto ready = [&] {
     return agreed >= 0 || (source != Source::kPending && !deciding) || !agreementOn();
   };
@@ -1510,6 +1541,7 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
     slot_entry->elements = cls;
     slot_entry->team = team;
     slot_entry->remeasured = remeasure;
+    slot_entry->host_trial.entry = slot_entry;
     auto it = file_threads.find(fileThreadKey(slot_entry->kernel, cls));
     if (it != file_threads.end()) adoptFileEntry(*slot_entry, it->second);
   }
@@ -1578,15 +1610,16 @@ int threadsFor(const char* name, int64_t bytes, int64_t largest, Work& work, Tea
     return threads;
   }
   t->source = Source::kPending;
-  work.timed = t;
   if (!on_worker) {
-    // A trial whose side is picked when it runs (threadsAtRun): launches
-    // queued while the trials are out run the decision once it is made
-    // instead of sides picked at the call (a host far ahead of its stream
-    // would run a third of them on the losing side).
-    work.threads_at_run = t;
+    // A trial whose side is picked when it runs (HostTrial): launches queued
+    // while the trials are out run the decision once it is made instead of
+    // sides picked at the call (a host far ahead of its stream would run a
+    // third of them on the losing side).  The 1 is a placeholder.
+    work.timed = &t->host_trial;
+    work.threads_at_run = &t->host_trial;
     return 1;
   }
+  work.timed = t;
   return t->trialSide() == 0 ? 1 : 0;  // on the worker: running now
 }
 

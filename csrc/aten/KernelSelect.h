@@ -26,13 +26,14 @@
 //   key the table has not measured in every variant the modes allow
 //   measures those variants:
 //   on the stream worker it runs them on the launch's own arguments, ours
-//   then ATen's, each round-robin over its thread variants: once untimed,
-//   then up to kMaxReps times or until half of kBudgetUs has passed (at
+//   then ATen's, each round-robin over its thread variants (ours on the
+//   compute team twice in a row, so the second finds its helpers awake):
+//   once untimed, then up to kMaxReps times or until half of kBudgetUs has passed (at
 //   least twice each), takes each one's minimum and picks the smallest time
 //   after handicaps: ATen's kernel must be 5% faster than ours (ties keep
 //   ours); a team (ours: the runtime's compute team; ATen's: the worker's
-//   OpenMP team, which ends with each kernel, so its runs include starting
-//   it) must be 5% faster than the worker alone.  The winner runs last, so the
+//   OpenMP team, started anew for each measured run) must be 5% faster than
+//   the worker alone.  The winner runs last, so the
 //   launch's result is the winner's.  All variants write the same outputs and
 //   read inputs the op does not write (callers only select for out-of-place
 //   kernels).  Launches of a key whose measurement is still queued run the
@@ -296,13 +297,17 @@ struct KernelSize {
 
 // Which team a kernel's loops run on: ATen's kernels on OpenMP's, ours
 // (kernels/, user kernels) on the runtime's compute team (Kernels.cpp).  The
-// team's handicap depends on it (KernelSelect.cpp).
+// trials' order depends on it (worker, team, team on the compute team, whose
+// helpers sleep after a run on the worker alone), and whether a close call is
+// measured again in the process (KernelSelect.cpp kRecheckRuns).
 enum class TeamKind : uint8_t { kOpenMp, kCompute };
 
 // The thread policy of a kernel without a selection (CpuKernel.h): the
 // threads of this launch of `name` (an interned or literal name) whose
 // tensors hold `bytes`, the largest of them `largest` elements; sets
-// work.timed when the launch is a trial.  A name is measured for one team.
+// work.timed when the launch is a trial, and from the host work.threads_at_run
+// too (its side is picked when it runs; the value returned is then 1, a
+// placeholder).  A name is measured for one team.
 // From a stream worker (adaptive eager's runs), pass on_worker: the table
 // file is then left for the host to write.  `remeasure`: the kernel's values
 // do not depend on its thread count but for rounding, so a close call may be

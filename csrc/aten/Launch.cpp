@@ -108,8 +108,7 @@ void launchChecked(c10::DeviceIndex device, const char* name, uint64_t signature
     // thread's team is the CPU's own.
     struct Release {
       ~Release() {
-        static const pid_t first = getpid();
-        if (static_cast<pid_t>(syscall(SYS_gettid)) != first) releaseOpenMpTeam();
+        if (static_cast<pid_t>(syscall(SYS_gettid)) != getpid()) releaseOpenMpTeam();
       }
     } release;
     try {

@@ -114,9 +114,23 @@ void setKernelThreads(int threads) {
   }
 }
 
+namespace {
+// This worker may hold an OpenMP team (a kernel ran with more than one
+// thread since the last release).
+thread_local bool omp_team_live = false;
+
+// The runtime's idle hook: a worker about to sleep ends its OpenMP team.
+void releaseIdleOpenMpTeam() noexcept {
+  if (omp_team_live) releaseOpenMpTeam();
+}
+}  // namespace
+
 void releaseOpenMpTeam() {
   // Cheap without a pool (libgomp checks the thread's pool and returns).
-  if (omp_get_max_threads() > 1) omp_pause_resource_all(omp_pause_soft);
+  // Unconditional: a kernel may have started threads with a num_threads
+  // clause whatever omp_get_max_threads() says.
+  omp_pause_resource_all(omp_pause_soft);
+  omp_team_live = false;
 }
 
 KernelThreadsScope::KernelThreadsScope(int threads) : saved_(0) {
@@ -181,12 +195,18 @@ void runWork(Work& w, int threads) {
   setKernelThreads(threads);
   const auto t0 = w.timed != nullptr ? std::chrono::steady_clock::now()
                                      : std::chrono::steady_clock::time_point();
-  // OpenMP's threads, if the kernel started them, end with it (timed with it).
-  struct Release {
-    ~Release() { releaseOpenMpTeam(); }
+  // A worker's OpenMP team lives while team kernels follow each other: it
+  // ends before a kernel on the worker alone and when the worker goes idle
+  // (releaseOpenMpTeam).
+  if (threads == 1 && omp_team_live) releaseOpenMpTeam();
+  struct MarkLive {
+    int threads;
+    ~MarkLive() {
+      if (threads != 1 || omp_get_max_threads() > 1) omp_team_live = true;
+    }
   };
   try {
-    Release release;
+    MarkLive mark{threads};
     if (w.quiet) {
       c10::WarningUtils::WarningHandlerGuard guard(dropWarnings());
       w.run();
@@ -210,7 +230,8 @@ void runWork(Work& w, int threads) {
 }  // namespace
 
 void startComputeTeam() {
-  static const bool started = (rt::team_start(at::get_num_threads()), true);
+  static const bool started = (rt::team_start(at::get_num_threads()),
+                               rt::set_idle_hook(&releaseIdleOpenMpTeam), true);
   (void)started;
 }
 
@@ -224,7 +245,7 @@ void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> wor
   // launch the runtime refuses, is not freed.)
   Work* w = work.release();
   rt::FusibleTask* fusible =
-      w->fusible != nullptr && (threads == 1 || threads == 0) && w->timed == nullptr &&
+      w->fusible != nullptr && w->timed == nullptr &&
               w->threads_at_run == nullptr && adaptiveEager()
           ? w->fusible
           : nullptr;
@@ -239,6 +260,12 @@ void launch(c10::DeviceIndex device, const char* name, std::unique_ptr<Work> wor
   // A graph capture (AxonGraph.cpp): its task runs once per replay, so it
   // shares the work and never retires it.  The graph releases it on the host
   // (AxonGraph::reset waits for the replays first).
+  // A thread trial picks its side now, as a kernel captured into a graph
+  // runs the same threads at every replay (each replay is timed).
+  if (w->threads_at_run != nullptr && w->timed != nullptr) {
+    threads = w->threads_at_run->threadsAtRun();
+    w->threads_at_run = nullptr;
+  }
   std::shared_ptr<Work> shared(w);
   rt_call([&] {
     rt::launch(s, name, [shared, threads] { runWork(*shared, threads); });

@@ -72,8 +72,8 @@ class Work {
   ThreadsAtRun* threads_at_run = nullptr;
   // Adaptive eager (aten/Fusion.h): set when the kernel may run fused with
   // the kernels queued next to it.  Offered to the stream when it is not a
-  // trial (on the team only if its values do not depend on how the team
-  // splits it: cpu_kernel::launchCaptured).
+  // trial; on the team only pointwise kernels, which the engine takes only
+  // as its own exactly rounded ops (cpu_kernel::Fusible::team).
   ::axon::rt::FusibleTask* fusible = nullptr;
 
  private:
@@ -102,15 +102,16 @@ void launch(c10::DeviceIndex device, const char* name, std::function<void()> fn,
 // runs), and the team's full size there.
 void setKernelThreads(int threads);
 int kernelTeamSize();
-// Ends this thread's OpenMP team, if a kernel started one (a stream worker,
-// after each kernel).  A worker's live team makes libgomp count more threads
-// than cores, after which every team's threads, the host's too, sleep right
-// after each parallel loop instead of spinning: the CPU's own small parallel
-// ops in the same process took ~10x longer (50 against 4.5 us for x + 1 on
-// 64K float32 elements, AMD EPYC, 2 cores).  A worker's team that outlived
-// its kernel also spun for milliseconds on a core the host and the compute
-// team need.  Starting the team again costs ~60 us, timed with the kernel
-// (the thread policy's trials see it).
+// Ends this thread's OpenMP team, if a kernel started one.  A stream worker's
+// team lives while team kernels follow each other and ends before a kernel on
+// the worker alone and when the worker goes idle (the runtime's idle hook).
+// A worker's live team makes libgomp count more threads than cores, after
+// which every team's threads, the host's too, sleep right after each
+// parallel loop instead of spinning: the CPU's own small parallel ops in the
+// same process took ~10x longer (50 against 4.5 us for x + 1 on 64K float32
+// elements, AMD EPYC, 2 cores); and its threads spin for milliseconds after
+// each loop on cores the host and the compute team need.  Starting the team
+// again costs ~60 us (the thread policy's trials, alternating sides, see it).
 void releaseOpenMpTeam();
 // On the calling thread, while alive: the team size a kernel launched with
 // `threads` gets on a stream worker, so that a kernel run on the host (a new

@@ -16,6 +16,7 @@ namespace axon::rt {
 namespace {
 
 constexpr auto kSpin = std::chrono::microseconds(50);
+std::atomic<IdleHook> g_idle_hook{nullptr};  // set_idle_hook
 
 // The queue's lock is held for a few instructions, by the host (enqueue) and
 // the worker (take a task, finish one).  A thread that finds it held spins
@@ -143,6 +144,9 @@ void StreamState::run() {
              std::chrono::steady_clock::now() < until) {
         spin_pause();
       }
+      if (posted_.load(std::memory_order_acquire) == seen) {
+        if (const IdleHook hook = g_idle_hook.load(std::memory_order_acquire)) hook();
+      }
       lock_spinning(lk);
       sleeping_ = true;
       work_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
@@ -178,6 +182,7 @@ std::atomic<FusionHook> g_fusion_hook{nullptr};
 }  // namespace
 
 void set_fusion_hook(FusionHook hook) { g_fusion_hook.store(hook, std::memory_order_release); }
+void set_idle_hook(IdleHook hook) { g_idle_hook.store(hook, std::memory_order_release); }
 
 bool StreamState::run_fused(Task& first, std::unique_lock<std::mutex>& lk) {
   const FusionHook hook = g_fusion_hook.load(std::memory_order_acquire);

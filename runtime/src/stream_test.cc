@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -395,6 +396,32 @@ TEST(Fusion, WithoutAHookFusibleTasksRunOneByOne) {
   gate.open();
   stream_synchronize(s);
   EXPECT_EQ(counter, 11);
+}
+
+namespace {
+std::atomic<int> g_idle_calls{0};
+void count_idle() noexcept { g_idle_calls.fetch_add(1); }
+}  // namespace
+
+TEST(Stream, IdleHookRunsOnceWhenTheWorkerGoesToSleep) {
+  const Stream s{5, 0};
+  stream_synchronize(s);
+  set_idle_hook(&count_idle);
+  // Queued work runs back to back without the hook; idle after the last task,
+  // the worker calls it once before sleeping.
+  Gate gate;
+  launch(s, "gate", [&] { gate.wait(); });
+  for (int i = 0; i < 50; ++i) launch(s, "op", [] {});
+  const int before = g_idle_calls.load();  // the worker waits in the gate
+  gate.open();
+  stream_synchronize(s);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (g_idle_calls.load() == before && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // no further calls
+  set_idle_hook(nullptr);
+  EXPECT_EQ(g_idle_calls.load(), before + 1);
 }
 
 }  // namespace

@@ -300,6 +300,11 @@ constexpr size_t kMaxFusedTasks = 64;
 using FusionHook = FusionResult (*)(FusibleTask* const* tasks, const uint64_t* seqs,
                                     size_t n) noexcept;
 void set_fusion_hook(FusionHook hook);  // nullptr: tasks always run one by one
+// Called on a stream worker that found its queue empty for its whole spin and
+// is about to sleep (outside the stream's lock): what a worker holds only
+// while busy goes then.  nullptr: none.
+using IdleHook = void (*)() noexcept;
+void set_idle_hook(IdleHook hook);
 void launch(Stream s, const char* name, std::function<void()> fn, FusibleTask* fusible);
 // launch(), unless s captures: then returns false and leaves fn alone, so a
 // caller whose fn may run only once can record a re-runnable one instead
