@@ -192,13 +192,13 @@ namespace {
 // and the timing a trial asked for.
 void runWork(Work& w, int threads) {
   if (w.threads_at_run != nullptr) threads = w.threads_at_run->threadsAtRun();
+  // A worker's OpenMP team lives while team kernels follow each other: it
+  // ends before a kernel on the worker alone (not timed with it) and when the
+  // worker goes idle (releaseOpenMpTeam).
+  if (threads == 1 && omp_team_live) releaseOpenMpTeam();
   setKernelThreads(threads);
   const auto t0 = w.timed != nullptr ? std::chrono::steady_clock::now()
                                      : std::chrono::steady_clock::time_point();
-  // A worker's OpenMP team lives while team kernels follow each other: it
-  // ends before a kernel on the worker alone and when the worker goes idle
-  // (releaseOpenMpTeam).
-  if (threads == 1 && omp_team_live) releaseOpenMpTeam();
   struct MarkLive {
     int threads;
     ~MarkLive() {
