@@ -54,9 +54,10 @@ constexpr double kLibraryMargin = 0.95;
 // (releaseOpenMpTeam, StreamWork.h), so a measured or trial run on it after
 // one on the worker includes starting its threads (~60 us on 2 cores, AMD
 // EPYC).  Until 2026-12-04 OpenMP's team outlived its kernels: its threads
-// spun for milliseconds on the cores the host and the compute team needed, a cost no timing of the kernel showed (measured as ~2.4 ms
-// per team launch in decoding), which a handicap of a quarter and at least
-// 2.5 ms stood in for; it kept the training step's GEMMs on the worker alone
+// spun for milliseconds on the cores the host and the compute team needed,
+// a cost no timing of the kernel showed (measured as ~2.4 ms per team launch
+// in decoding), which a handicap of a quarter and at least 2.5 ms stood in
+// for; it kept the training step's GEMMs on the worker alone
 // (benchmarks/train_step.py: 1,678 ms per step with it, 1,560 without).
 constexpr double kTeamMargin = 0.95;
 // Timed runs per side before a trial decides (after one that warms up).
