@@ -400,7 +400,11 @@ TEST(Fusion, WithoutAHookFusibleTasksRunOneByOne) {
 
 namespace {
 std::atomic<int> g_idle_calls{0};
-void count_idle() noexcept { g_idle_calls.fetch_add(1); }
+std::atomic<std::thread::id> g_idle_worker{};
+// Calls from the test stream's worker only (other tests' workers may go idle).
+void count_idle() noexcept {
+  if (std::this_thread::get_id() == g_idle_worker.load()) g_idle_calls.fetch_add(1);
+}
 }  // namespace
 
 TEST(Stream, IdleHookRunsOnceWhenTheWorkerGoesToSleep) {
@@ -410,8 +414,14 @@ TEST(Stream, IdleHookRunsOnceWhenTheWorkerGoesToSleep) {
   // Queued work runs back to back without the hook; idle after the last task,
   // the worker calls it once before sleeping.
   Gate gate;
-  launch(s, "gate", [&] { gate.wait(); });
+  std::atomic<bool> in_gate{false};
+  launch(s, "gate", [&] {
+    g_idle_worker = std::this_thread::get_id();
+    in_gate = true;
+    gate.wait();
+  });
   for (int i = 0; i < 50; ++i) launch(s, "op", [] {});
+  while (!in_gate.load()) std::this_thread::yield();
   const int before = g_idle_calls.load();  // the worker waits in the gate
   gate.open();
   stream_synchronize(s);
